@@ -1,0 +1,4 @@
+//! Decoding: samplers, the generation loop and its statistics.
+
+pub mod generate;
+pub mod sampler;

@@ -1,0 +1,49 @@
+//! # reagent
+//!
+//! A local-model agent with in-process inference: it loads an open-weights GGUF model (llama, qwen2 and
+//! gemma3 architectures) with candle, tokenizes exactly like llama.cpp, renders the model's own chat
+//! template and generates with a KV cache that can be kept across calls and rolled back.
+//!
+//! ## Key types
+//! - [`Model`]: a GGUF file loaded with its tokenizer, chat template and stop tokens; implements
+//!   [`LanguageModel`], the small trait (forward at a position, truncate the cache) everything above the
+//!   model layer uses.
+//! - [`Tokenizer`]: built from the GGUF metadata; `encode(text, parse_special)`, exact token bytes.
+//! - [`ChatTemplate`] and [`ChatMessage`]: the model's Jinja chat template.
+//! - [`generate`](decode::generate::generate) with [`GenerateParams`] and [`Sampling`].
+//! - [`catalog`]: model names, the local cache and fetching.
+//!
+//! ## Usage
+//! 1. Resolve a model name to a file ([`catalog::resolve`]), fetching it if needed.
+//! 2. Load it with [`Model::load`].
+//! 3. Render a conversation with the chat template and encode it with special tokens parsed.
+//! 4. Generate, streaming text to a callback.
+//!
+//! ```no_run
+//! use reagent::{catalog, ChatMessage, GenerateParams, LoadOptions, Model};
+//!
+//! # fn main() -> reagent::Result<()> {
+//! let cat = catalog::Catalog::builtin();
+//! let path = catalog::resolve(&cat, "smollm2-135m", true, &catalog::FetchOptions::default())?;
+//! let mut model = Model::load(&path, &LoadOptions::default())?;
+//! let prompt = model.chat_template().render(&[ChatMessage::user("What is the capital of France?")], true, None)?;
+//! let tokens = model.tokenizer().encode(&prompt, true)?;
+//! let (tok, stops) = (model.tokenizer().clone(), model.stop_tokens().to_vec());
+//! let out = reagent::generate(&mut model, &tok, &stops, &tokens, &GenerateParams::default(), &mut |t| print!("{t}"))?;
+//! eprintln!("\n{} tokens at {:.1} tok/s", out.stats.generated_tokens, out.stats.decode_tok_s());
+//! # Ok(()) }
+//! ```
+
+pub mod bench;
+pub mod catalog;
+pub mod decode;
+pub mod error;
+pub mod model;
+pub mod text;
+
+pub use decode::generate::{generate, GenerateParams, Generation, GenerationStats, StopReason};
+pub use decode::sampler::{Sampler, Sampling};
+pub use error::{Error, Result};
+pub use model::{LanguageModel, LoadOptions, Model};
+pub use text::chat::{ChatMessage, ChatTemplate, Role};
+pub use text::tokenizer::Tokenizer;

@@ -1,0 +1,295 @@
+//! `reagent`: a thin command line over the library. Parses flags, calls the library, prints errors with
+//! their causes and maps outcomes to exit codes (0 ok, 1 the task ran but did not succeed, 2 usage or
+//! I/O errors).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use reagent::catalog::{self, Catalog, FetchOptions};
+use reagent::{ChatMessage, GenerateParams, LoadOptions, Model, Sampling};
+
+#[derive(Parser)]
+#[command(name = "reagent", version, about = "A local-model agent with in-process GGUF inference")]
+struct Cli {
+    /// Worker threads for the tensor kernels (default: physical cores).
+    #[arg(long, global = true, env = "REAGENT_THREADS")]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List, fetch or locate catalog models.
+    Models {
+        #[command(subcommand)]
+        cmd: ModelsCmd,
+    },
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(TokenizeArgs),
+    /// Generate text from a prompt, streaming it to stdout (statistics go to stderr).
+    Generate(GenerateArgs),
+    /// Measure prefill and decode throughput.
+    Bench(BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum ModelsCmd {
+    /// Name, size, architecture and whether each catalog model is in the local cache.
+    List,
+    /// Download a catalog model into the local cache (verifying size and sha256).
+    Fetch { name: String },
+    /// Print the local path of a model, fetching it first when absent.
+    Path {
+        name: String,
+        /// Fail instead of fetching when the model is not present.
+        #[arg(long)]
+        no_fetch: bool,
+    },
+}
+
+#[derive(Args)]
+struct ModelArgs {
+    /// A catalog name (see `reagent models list`) or a path to a GGUF file.
+    #[arg(long, short = 'm')]
+    model: Option<String>,
+    /// Use this tokenizer.json instead of the tokenizer in the GGUF file.
+    #[arg(long)]
+    tokenizer_json: Option<PathBuf>,
+    /// Cap on the context window (tokens).
+    #[arg(long)]
+    context: Option<usize>,
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The text to tokenize.
+    #[arg(long)]
+    text: String,
+    /// Parse control tokens such as `<|im_start|>` into their ids.
+    #[arg(long)]
+    special: bool,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt (raw text, or the user message with --chat).
+    #[arg(long, short = 'p')]
+    prompt: String,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// A system message (with --chat).
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print the rendered prompt to stderr before generating.
+    #[arg(long)]
+    show_prompt: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    gen_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Print one JSON line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            eprintln!("error: --threads must be at least 1");
+            return ExitCode::from(2);
+        }
+        // candle sizes its worker pools from these variables on first use; nothing has run yet.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    }
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let threads = cli.threads.unwrap_or_else(candle_core::utils::get_num_threads);
+    match cli.cmd {
+        Cmd::Models { cmd } => models(cmd)?,
+        Cmd::Tokenize(a) => {
+            let model = load(&a.model)?;
+            let ids = model.tokenizer().encode(&a.text, a.special)?;
+            println!("{}", serde_json::to_string(&ids)?);
+        }
+        Cmd::Generate(a) => generate(a)?,
+        Cmd::Bench(a) => {
+            let mut model = load(&a.model)?;
+            let params =
+                reagent::bench::BenchParams { prompt_tokens: a.prompt_tokens, gen_tokens: a.gen_tokens, runs: a.runs };
+            let r = reagent::bench::run(&mut model, &params, threads)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("model        {} ({} threads)", r.model, r.threads);
+                println!("load         {:.2} s", r.load_s);
+                println!(
+                    "prefill      {:.1} tok/s  ({} tokens, runs {:?})",
+                    r.pp_tok_s_median, r.pp_tokens, r.pp_tok_s
+                );
+                println!(
+                    "decode       {:.1} tok/s  ({} tokens, runs {:?})",
+                    r.decode_tok_s_median, r.decode_tokens, r.decode_tok_s
+                );
+                if let Some(rss) = r.peak_rss_mb {
+                    println!("peak RSS     {rss:.0} MiB");
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn models(cmd: ModelsCmd) -> Result<()> {
+    let cat = Catalog::builtin();
+    let opts = FetchOptions::default();
+    match cmd {
+        ModelsCmd::List => {
+            println!("{:<22} {:>9}  {:<7} {:<8} description", "name", "size", "arch", "present");
+            for m in &cat.models {
+                let present = catalog::locate(m, &opts).is_some();
+                let default = if m.name == cat.default { " (default)" } else { "" };
+                println!(
+                    "{:<22} {:>6} MB  {:<7} {:<8} {}{default}",
+                    m.name,
+                    m.bytes / 1_000_000,
+                    m.arch,
+                    if present { "yes" } else { "no" },
+                    m.description
+                );
+            }
+            println!("cache: {}", opts.cache_dir.display());
+        }
+        ModelsCmd::Fetch { name } => {
+            let entry = cat.get(&name).ok_or_else(|| reagent::Error::UnknownModel {
+                name: name.clone(),
+                known: cat.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+            })?;
+            let path = catalog::fetch_model(entry, &opts)?;
+            println!("{}", path.display());
+        }
+        ModelsCmd::Path { name, no_fetch } => {
+            let path = catalog::resolve(&cat, &name, !no_fetch, &opts)?;
+            println!("{}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn load(a: &ModelArgs) -> Result<Model> {
+    let cat = Catalog::builtin();
+    let name = a.model.clone().unwrap_or_else(|| cat.default.clone());
+    let path = catalog::resolve(&cat, &name, true, &FetchOptions::default())?;
+    let opts =
+        LoadOptions { max_context: a.context, tokenizer_json: a.tokenizer_json.clone(), ..LoadOptions::default() };
+    Ok(Model::load(&path, &opts)?)
+}
+
+fn generate(a: GenerateArgs) -> Result<()> {
+    if a.system.is_some() && !a.chat {
+        bail!("--system needs --chat");
+    }
+    let sampling = Sampling::from_params(a.temperature, a.top_k, a.top_p)?;
+    let mut model = load(&a.model)?;
+    let tok = model.tokenizer().clone();
+    let prompt = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(ChatMessage::system(s.clone()));
+        }
+        msgs.push(ChatMessage::user(a.prompt.clone()));
+        let text = model.chat_template().render(&msgs, true, None)?;
+        if a.show_prompt {
+            eprintln!("{text}");
+        }
+        tok.encode(&text, true)?
+    } else {
+        let mut ids: Vec<u32> = if tok.add_bos() { tok.bos().into_iter().collect() } else { Vec::new() };
+        ids.extend(tok.encode(&a.prompt, false)?);
+        ids
+    };
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        sampling,
+        seed: a.seed,
+        stop_strings: a.stop.clone(),
+        ignore_eos: false,
+    };
+    let stops = model.stop_tokens().to_vec();
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let out = reagent::generate(&mut model, &tok, &stops, &prompt, &params, &mut |t| {
+        if write_err.is_none() {
+            if let Err(e) = stdout.write_all(t.as_bytes()).and_then(|_| stdout.flush()) {
+                write_err = Some(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e).context("writing to stdout");
+    }
+    writeln!(stdout)?;
+    let s = &out.stats;
+    eprintln!(
+        "[{} prompt tokens in {:.2} s ({:.1} tok/s); {} generated in {:.2} s ({:.1} tok/s); stop: {}]",
+        s.prompt_tokens,
+        s.prefill_time.as_secs_f64(),
+        s.prefill_tok_s(),
+        s.generated_tokens,
+        s.decode_time.as_secs_f64(),
+        s.decode_tok_s(),
+        serde_json::to_string(&out.stop)?
+    );
+    Ok(())
+}

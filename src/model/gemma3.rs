@@ -1,0 +1,145 @@
+//! Gemma 3 (`gemma3` GGUF files, e.g. Gemma3-270M).
+//!
+//! Differences from the llama family: embeddings scaled by √dim; RMS norms on q and k per head; norms
+//! after attention and after the MLP as well as before; a GELU-gated MLP; five sliding-window layers
+//! (window from `gemma3.attention.sliding_window`, rotary base 10 000) for every global layer (rotary
+//! base `gemma3.rope.freq_base`); output tied to the embeddings. The base model has no chat template in
+//! the file, so its turn format lives here.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use super::gguf::GgufFile;
+use super::layers::{
+    attention, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm, Rope, RopeStyle,
+};
+use crate::error::Result;
+
+/// Gemma's turn format, used when the file carries no `tokenizer.chat_template`.
+pub const FALLBACK_CHAT_TEMPLATE: &str = "{{ bos_token }}\
+{%- if messages and messages[0]['role'] == 'system' -%}\
+{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}\
+{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}\
+{%- for message in loop_messages -%}\
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\
+{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
+/// Layers whose index + 1 is a multiple of this are global; the others use the sliding window.
+const GLOBAL_EVERY: usize = 6;
+const LOCAL_ROPE_BASE: f32 = 10_000.0;
+
+struct Block {
+    attn_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+    post_ffn_norm: RmsNorm,
+    window: Option<usize>,
+    cache: KvCache,
+}
+
+/// A loaded Gemma 3 model with its KV cache.
+pub struct Gemma3 {
+    hp: Hparams,
+    embed: Arc<candle_core::quantized::QTensor>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    output: Linear,
+    rope_local: Rope,
+    rope_global: Rope,
+    device: Device,
+    len: usize,
+    max_len: usize,
+}
+
+impl Gemma3 {
+    pub(crate) fn load(g: &mut GgufFile, max_len: usize, dev: &Device) -> Result<Self> {
+        let hp = Hparams::read(g, "gemma3")?;
+        let (d, hd) = (hp.dim, hp.head_dim);
+        let window = g.usize_or("gemma3.attention.sliding_window", 512)?;
+        let embed = Arc::new(g.tensor("token_embd.weight", Some(&[hp.vocab, d]), dev)?);
+        let mut blocks = Vec::with_capacity(hp.layers);
+        for i in 0..hp.layers {
+            let p = format!("blk.{i}");
+            let norm = |g: &mut GgufFile, n: &str, dim| RmsNorm::load(g, &format!("{p}.{n}"), dim, hp.eps, dev);
+            blocks.push(Block {
+                attn_norm: norm(g, "attn_norm", d)?,
+                q: Linear::load(g, &format!("{p}.attn_q"), [hp.heads * hd, d], dev)?,
+                k: Linear::load(g, &format!("{p}.attn_k"), [hp.kv_heads * hd, d], dev)?,
+                v: Linear::load(g, &format!("{p}.attn_v"), [hp.kv_heads * hd, d], dev)?,
+                o: Linear::load(g, &format!("{p}.attn_output"), [d, hp.heads * hd], dev)?,
+                q_norm: norm(g, "attn_q_norm", hd)?,
+                k_norm: norm(g, "attn_k_norm", hd)?,
+                post_attn_norm: norm(g, "post_attention_norm", d)?,
+                ffn_norm: norm(g, "ffn_norm", d)?,
+                mlp: GatedMlp::load(g, &p, d, hp.ffn, true, dev)?,
+                post_ffn_norm: norm(g, "post_ffw_norm", d)?,
+                window: ((i + 1) % GLOBAL_EVERY != 0).then_some(window),
+                cache: KvCache::new(max_len),
+            });
+        }
+        let norm = RmsNorm::load(g, "output_norm", d, hp.eps, dev)?;
+        let output = if g.has_tensor("output.weight") {
+            Linear::load(g, "output", [hp.vocab, d], dev)?
+        } else {
+            Linear::from_arc(embed.clone())?
+        };
+        let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, dev)?;
+        let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;
+        Ok(Self { hp, embed, blocks, norm, output, rope_local, rope_global, device: dev.clone(), len: 0, max_len })
+    }
+
+    pub(crate) fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    pub(crate) fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        for b in &mut self.blocks {
+            b.cache.truncate(self.len);
+        }
+    }
+
+    pub(crate) fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
+        let pos = self.len;
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = (self.embed.embedding(&ids)?.unsqueeze(0)? * (hp.dim as f64).sqrt())?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        for b in &mut self.blocks {
+            let h = b.attn_norm.forward(&x)?;
+            let q = b.q_norm.forward(&split_heads(&b.q.forward(&h)?, heads, hd)?)?;
+            let k = b.k_norm.forward(&split_heads(&b.k.forward(&h)?, kv, hd)?)?;
+            let v = split_heads(&b.v.forward(&h)?, kv, hd)?;
+            let rope = if b.window.is_some() { &self.rope_local } else { &self.rope_global };
+            let q = (rope.apply(&q, pos)? * scale)?;
+            let k = rope.apply(&k, pos)?;
+            let (ks, vs) = b.cache.append(&k, &v)?;
+            let a = attention(&q, &ks, &vs, b.window)?;
+            x = (x + b.post_attn_norm.forward(&b.o.forward(&a)?)?)?;
+            let h = b.ffn_norm.forward(&x)?;
+            x = (x + b.post_ffn_norm.forward(&b.mlp.forward(&h)?)?)?;
+        }
+        self.len += tokens.len();
+        let x = self.norm.forward(&last_position(&x)?)?;
+        logits_to_vec(&self.output.forward(&x)?)
+    }
+}

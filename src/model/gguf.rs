@@ -1,0 +1,295 @@
+//! A GGUF file opened for loading: header, metadata accessors and tensor reads that name the file and the
+//! tensor in every error.
+//!
+//! Parsing is candle's (`gguf_file::Content`), which already bounds-checks every length against the file
+//! size; this wrapper adds the path to errors, checks up front that every tensor's bytes lie inside the file
+//! (so a truncated download fails at open time, naming the first tensor cut off), and offers typed metadata
+//! getters that say which key is missing or mistyped.
+
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
+use candle_core::Device;
+
+use crate::error::{Error, Result};
+
+/// An open GGUF file.
+pub struct GgufFile {
+    path: PathBuf,
+    content: gguf_file::Content,
+    reader: BufReader<File>,
+}
+
+/// ggml type ids that candle does not know, so errors can name them.
+fn ggml_type_name(id: u32) -> &'static str {
+    match id {
+        4 | 5 => "Q4_2/Q4_3 (removed from ggml)",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => "unknown",
+    }
+}
+
+impl GgufFile {
+    /// Opens `path`, reads its header and checks that all tensor data lies within the file.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        let file_len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+        let mut reader = BufReader::with_capacity(1 << 16, file);
+        let mut magic = [0u8; 4];
+        let invalid = |reason: String| Error::InvalidGguf { path: path.clone(), reason };
+        if reader.read_exact(&mut magic).is_err() {
+            return Err(invalid(format!("file is only {file_len} bytes long")));
+        }
+        if &magic != b"GGUF" {
+            return Err(invalid(format!("bad magic {:?} (expected \"GGUF\")", String::from_utf8_lossy(&magic))));
+        }
+        reader.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&path, e))?;
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| {
+            let msg = e.to_string();
+            // candle says "unknown dtype for tensor 23"; name the ggml type instead.
+            match msg.strip_prefix("unknown dtype for tensor ").and_then(|s| s.trim().parse::<u32>().ok()) {
+                Some(id) => invalid(format!(
+                    "a tensor uses unsupported quantization type {} (ggml type id {id})",
+                    ggml_type_name(id)
+                )),
+                None => invalid(format!("header is damaged or truncated: {msg}")),
+            }
+        })?;
+        // Check every tensor's extent against the file length so truncation is reported at open time.
+        let mut infos: Vec<_> = content.tensor_infos.iter().collect();
+        infos.sort_by_key(|(_, info)| info.offset);
+        for (name, info) in infos {
+            let elems = info.shape.elem_count();
+            let block = info.ggml_dtype.block_size();
+            if elems % block != 0 {
+                return Err(Error::Tensor {
+                    path,
+                    tensor: name.clone(),
+                    reason: format!("{elems} elements is not a multiple of the {block}-element block"),
+                });
+            }
+            let size = (elems / block * info.ggml_dtype.type_size()) as u64;
+            let end = content.tensor_data_offset.saturating_add(info.offset).saturating_add(size);
+            if end > file_len {
+                return Err(invalid(format!(
+                    "file is truncated: tensor `{name}` ends at byte {end} but the file has {file_len} bytes"
+                )));
+            }
+        }
+        Ok(Self { path, content, reader })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The parsed header.
+    pub fn content(&self) -> &gguf_file::Content {
+        &self.content
+    }
+
+    fn meta_err(&self, key: &str, problem: impl Into<String>) -> Error {
+        Error::Metadata { path: self.path.clone(), key: key.to_string(), problem: problem.into() }
+    }
+
+    /// The raw metadata value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&gguf_file::Value> {
+        self.content.metadata.get(key)
+    }
+
+    fn require(&self, key: &str) -> Result<&gguf_file::Value> {
+        self.get(key).ok_or_else(|| self.meta_err(key, "is missing"))
+    }
+
+    /// An unsigned integer value of any width.
+    pub fn u64(&self, key: &str) -> Result<u64> {
+        use gguf_file::Value::*;
+        let v = self.require(key)?;
+        let n = match v {
+            U8(x) => Some(*x as u64),
+            U16(x) => Some(*x as u64),
+            U32(x) => Some(*x as u64),
+            U64(x) => Some(*x),
+            I8(x) => u64::try_from(*x).ok(),
+            I16(x) => u64::try_from(*x).ok(),
+            I32(x) => u64::try_from(*x).ok(),
+            I64(x) => u64::try_from(*x).ok(),
+            _ => None,
+        };
+        n.ok_or_else(|| self.meta_err(key, format!("should be a non-negative integer, found {v:?}")))
+    }
+
+    /// An integer that must fit in `usize`.
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        let n = self.u64(key)?;
+        usize::try_from(n).map_err(|_| self.meta_err(key, format!("value {n} is too large")))
+    }
+
+    /// `usize` value or a default when the key is absent.
+    pub fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        if self.get(key).is_some() {
+            self.usize(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    /// A float value (f32 or f64).
+    pub fn f32(&self, key: &str) -> Result<f32> {
+        match self.require(key)? {
+            gguf_file::Value::F32(x) => Ok(*x),
+            gguf_file::Value::F64(x) => Ok(*x as f32),
+            v => Err(self.meta_err(key, format!("should be a float, found {v:?}"))),
+        }
+    }
+
+    /// Float value or a default when the key is absent.
+    pub fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
+        if self.get(key).is_some() {
+            self.f32(key)
+        } else {
+            Ok(default)
+        }
+    }
+
+    /// A boolean, or `default` when absent.
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(gguf_file::Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(self.meta_err(key, format!("should be a boolean, found {v:?}"))),
+        }
+    }
+
+    /// A string value.
+    pub fn str(&self, key: &str) -> Result<&str> {
+        match self.require(key)? {
+            gguf_file::Value::String(s) => Ok(s),
+            v => Err(self.meta_err(key, format!("should be a string, found {:?}", v.value_type()))),
+        }
+    }
+
+    /// An optional string value.
+    pub fn str_opt(&self, key: &str) -> Result<Option<&str>> {
+        if self.get(key).is_some() {
+            self.str(key).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn array(&self, key: &str) -> Result<&Vec<gguf_file::Value>> {
+        match self.require(key)? {
+            gguf_file::Value::Array(a) => Ok(a),
+            v => Err(self.meta_err(key, format!("should be an array, found {:?}", v.value_type()))),
+        }
+    }
+
+    /// An array of strings.
+    pub fn str_array(&self, key: &str) -> Result<Vec<&str>> {
+        self.array(key)?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                gguf_file::Value::String(s) => Ok(s.as_str()),
+                _ => Err(self.meta_err(key, format!("element {i} is not a string"))),
+            })
+            .collect()
+    }
+
+    /// An array of integers.
+    pub fn i64_array(&self, key: &str) -> Result<Vec<i64>> {
+        use gguf_file::Value::*;
+        self.array(key)?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                U8(x) => Ok(*x as i64),
+                I8(x) => Ok(*x as i64),
+                U16(x) => Ok(*x as i64),
+                I16(x) => Ok(*x as i64),
+                U32(x) => Ok(*x as i64),
+                I32(x) => Ok(*x as i64),
+                I64(x) => Ok(*x),
+                U64(x) => Ok(*x as i64),
+                _ => Err(self.meta_err(key, format!("element {i} is not an integer"))),
+            })
+            .collect()
+    }
+
+    /// An array of floats.
+    pub fn f32_array(&self, key: &str) -> Result<Vec<f32>> {
+        self.array(key)?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                gguf_file::Value::F32(x) => Ok(*x),
+                gguf_file::Value::F64(x) => Ok(*x as f32),
+                _ => Err(self.meta_err(key, format!("element {i} is not a float"))),
+            })
+            .collect()
+    }
+
+    /// Whether a tensor of that name exists.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Shape (outermost first) and type of a tensor.
+    pub fn tensor_info(&self, name: &str) -> Result<(Vec<usize>, GgmlDType)> {
+        let info = self.content.tensor_infos.get(name).ok_or_else(|| Error::Tensor {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+            reason: "missing from the file".into(),
+        })?;
+        Ok((info.shape.dims().to_vec(), info.ggml_dtype))
+    }
+
+    /// Reads a tensor onto `device`, checking its shape when `expected` is given (outermost dimension first).
+    pub fn tensor(&mut self, name: &str, expected: Option<&[usize]>, device: &Device) -> Result<QTensor> {
+        let (dims, _) = self.tensor_info(name)?;
+        if let Some(exp) = expected {
+            if dims != exp {
+                return Err(Error::Tensor {
+                    path: self.path.clone(),
+                    tensor: name.to_string(),
+                    reason: format!("shape {dims:?}, expected {exp:?}"),
+                });
+            }
+        }
+        self.content.tensor(&mut self.reader, name, device).map_err(|e| Error::Tensor {
+            path: self.path.clone(),
+            tensor: name.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Total bytes of tensor data of the given type, used for summaries.
+    pub fn tensor_type_counts(&self) -> Vec<(String, usize)> {
+        let mut counts = std::collections::BTreeMap::<String, usize>::new();
+        for info in self.content.tensor_infos.values() {
+            *counts.entry(format!("{:?}", info.ggml_dtype)).or_default() += 1;
+        }
+        counts.into_iter().collect()
+    }
+}

@@ -1,0 +1,301 @@
+//! Building blocks shared by the architectures: quantized linear layers, RMS norm, rotary embeddings,
+//! a truncatable KV cache and grouped-query attention.
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::gguf::GgufFile;
+use crate::error::Result;
+
+/// A linear layer over quantized (or f32) weights, with an optional f32 bias.
+pub(crate) struct Linear {
+    w: QMatMul,
+    b: Option<Tensor>,
+}
+
+impl Linear {
+    /// Loads `{name}.weight` (shape `[out, in]`) and `{name}.bias` if present.
+    pub(crate) fn load(g: &mut GgufFile, name: &str, out_in: [usize; 2], dev: &Device) -> Result<Self> {
+        let w = g.tensor(&format!("{name}.weight"), Some(&out_in), dev)?;
+        let bias_name = format!("{name}.bias");
+        let b = if g.has_tensor(&bias_name) {
+            Some(g.tensor(&bias_name, Some(&[out_in[0]]), dev)?.dequantize(dev)?)
+        } else {
+            None
+        };
+        Ok(Self { w: QMatMul::from_qtensor(w)?, b })
+    }
+
+    /// A bias-free layer over an already loaded tensor (tied embeddings).
+    pub(crate) fn from_arc(w: std::sync::Arc<QTensor>) -> Result<Self> {
+        Ok(Self { w: QMatMul::from_arc(w)?, b: None })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.w.forward(x)?;
+        Ok(match &self.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// RMS normalisation with a learned scale (GGUF stores Gemma's `1 + w` already folded in).
+pub(crate) struct RmsNorm {
+    w: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub(crate) fn load(g: &mut GgufFile, name: &str, dim: usize, eps: f32, dev: &Device) -> Result<Self> {
+        let w = g.tensor(&format!("{name}.weight"), Some(&[dim]), dev)?.dequantize(dev)?;
+        Ok(Self { w, eps })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.w, self.eps)?)
+    }
+}
+
+/// How rotary embeddings pair up dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RopeStyle {
+    /// Adjacent pairs (llama GGUF files, whose q/k rows were permuted at conversion).
+    Interleaved,
+    /// First half with second half (qwen2, gemma3: "NeoX" style).
+    Halves,
+}
+
+/// Precomputed cos/sin tables for every position of the context.
+pub(crate) struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+    style: RopeStyle,
+}
+
+impl Rope {
+    pub(crate) fn new(
+        dim: usize,
+        base: f32,
+        scale: f32,
+        max_pos: usize,
+        style: RopeStyle,
+        dev: &Device,
+    ) -> Result<Self> {
+        let inv: Vec<f32> = (0..dim / 2).map(|i| 1.0 / base.powf(2.0 * i as f32 / dim as f32)).collect();
+        let inv = Tensor::from_vec(inv, (1, dim / 2), dev)?;
+        let pos =
+            (Tensor::arange(0u32, max_pos as u32, dev)?.to_dtype(DType::F32)? / scale as f64)?.reshape((max_pos, 1))?;
+        let freqs = pos.broadcast_mul(&inv)?;
+        Ok(Self { cos: freqs.cos()?, sin: freqs.sin()?, style })
+    }
+
+    /// Rotates `x` of shape `[batch, heads, seq, head_dim]` for positions `pos..pos+seq`.
+    pub(crate) fn apply(&self, x: &Tensor, pos: usize) -> Result<Tensor> {
+        let seq = x.dim(2)?;
+        let cos = self.cos.narrow(0, pos, seq)?;
+        let sin = self.sin.narrow(0, pos, seq)?;
+        let x = x.contiguous()?;
+        Ok(match self.style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
+            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
+        })
+    }
+}
+
+/// Keys and values of one layer, preallocated in chunks and truncatable to any earlier length.
+///
+/// Layout `[1, kv_heads, capacity, head_dim]`; only the first `len` positions are live. Truncation just
+/// moves `len`, so rolling back a rejected decision costs nothing.
+pub(crate) struct KvCache {
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    len: usize,
+    max: usize,
+}
+
+const KV_CHUNK: usize = 512;
+
+impl KvCache {
+    pub(crate) fn new(max: usize) -> Self {
+        Self { k: None, v: None, len: 0, max }
+    }
+
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn grow(buf: &Option<Tensor>, like: &Tensor, needed: usize, max: usize) -> Result<Tensor> {
+        let (b, h, _, d) = like.dims4()?;
+        let cap = buf.as_ref().map(|t| t.dim(2)).transpose()?.unwrap_or(0);
+        if cap >= needed {
+            return Ok(buf.clone().expect("capacity implies a buffer"));
+        }
+        let new_cap = needed.div_ceil(KV_CHUNK).saturating_mul(KV_CHUNK).min(max).max(needed);
+        let fresh = Tensor::zeros((b, h, new_cap, d), like.dtype(), like.device())?;
+        if let Some(old) = buf {
+            fresh.slice_set(old, 2, 0)?;
+        }
+        Ok(fresh)
+    }
+
+    /// Appends `k`, `v` (`[1, kv_heads, seq, head_dim]`) and returns views of all live keys and values.
+    pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let seq = k.dim(2)?;
+        let needed = self.len + seq;
+        let kb = Self::grow(&self.k, k, needed, self.max)?;
+        let vb = Self::grow(&self.v, v, needed, self.max)?;
+        kb.slice_set(&k.contiguous()?, 2, self.len)?;
+        vb.slice_set(&v.contiguous()?, 2, self.len)?;
+        self.len = needed;
+        let ks = kb.narrow(2, 0, needed)?;
+        let vs = vb.narrow(2, 0, needed)?;
+        self.k = Some(kb);
+        self.v = Some(vb);
+        Ok((ks, vs))
+    }
+}
+
+/// Scaled dot-product attention with grouped KV heads and a causal (optionally sliding-window) mask.
+///
+/// `q`: `[1, heads, seq, d]` (already scaled), `k`/`v`: `[1, kv_heads, len, d]` where the queries sit at
+/// positions `len-seq .. len`. Returns `[1, seq, heads*d]`.
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<Tensor> {
+    let (b, heads, seq, d) = q.dims4()?;
+    let (_, kv_heads, len, _) = k.dims4()?;
+    let rep = heads / kv_heads;
+    // Fold the query heads that share a KV head into the row dimension: no KV copy per head.
+    let q = q.contiguous()?.reshape((b, kv_heads, rep * seq, d))?;
+    let k = k.contiguous()?;
+    let v = v.contiguous()?;
+    let scores = q.matmul(&k.t()?)?; // [b, kv, rep*seq, len]
+    let start = len - seq;
+    let needs_mask = seq > 1 || window.is_some_and(|w| len > w);
+    let scores = if needs_mask {
+        let mask: Vec<f32> = (0..seq)
+            .flat_map(|i| {
+                let qpos = start + i;
+                (0..len).map(move |j| {
+                    let future = j > qpos;
+                    let too_old = window.is_some_and(|w| qpos - j.min(qpos) >= w);
+                    if future || too_old {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (seq, len), q.device())?;
+        scores.reshape((b, kv_heads, rep, seq, len))?.broadcast_add(&mask)?.reshape((b, kv_heads, rep * seq, len))?
+    } else {
+        scores
+    };
+    let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+    let out = probs.matmul(&v)?; // [b, kv, rep*seq, d]
+    Ok(out.reshape((b, heads, seq, d))?.transpose(1, 2)?.reshape((b, seq, heads * d))?)
+}
+
+/// Splits `[1, seq, heads*d]` into `[1, heads, seq, d]`.
+pub(crate) fn split_heads(x: &Tensor, heads: usize, d: usize) -> Result<Tensor> {
+    let (b, seq, _) = x.dims3()?;
+    Ok(x.reshape((b, seq, heads, d))?.transpose(1, 2)?)
+}
+
+/// Picks the last position of `[1, seq, dim]` as `[1, 1, dim]`.
+pub(crate) fn last_position(x: &Tensor) -> Result<Tensor> {
+    let seq = x.dim(1)?;
+    Ok(x.narrow(1, seq - 1, 1)?)
+}
+
+/// Flattens `[1, 1, vocab]` logits into a host vector.
+pub(crate) fn logits_to_vec(x: &Tensor) -> Result<Vec<f32>> {
+    Ok(x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}
+
+/// `silu(gate(x)) * up(x)` or the GELU variant, then `down`.
+pub(crate) struct GatedMlp {
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+    pub(crate) gelu: bool,
+}
+
+impl GatedMlp {
+    pub(crate) fn load(g: &mut GgufFile, p: &str, dim: usize, ffn: usize, gelu: bool, dev: &Device) -> Result<Self> {
+        Ok(Self {
+            gate: Linear::load(g, &format!("{p}.ffn_gate"), [ffn, dim], dev)?,
+            up: Linear::load(g, &format!("{p}.ffn_up"), [ffn, dim], dev)?,
+            down: Linear::load(g, &format!("{p}.ffn_down"), [dim, ffn], dev)?,
+            gelu,
+        })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate.forward(x)?;
+        let g = if self.gelu { g.gelu()? } else { candle_nn::ops::silu(&g)? };
+        let h = (g * self.up.forward(x)?)?;
+        self.down.forward(&h)
+    }
+}
+
+/// Reads a GGUF `{arch}.*` hyper-parameter set common to the decoder-only transformers.
+#[derive(Debug, Clone)]
+pub struct Hparams {
+    pub layers: usize,
+    pub dim: usize,
+    pub ffn: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f32,
+    pub rope_base: f32,
+    pub rope_scale: f32,
+    pub context_length: usize,
+    pub vocab: usize,
+}
+
+impl Hparams {
+    pub(crate) fn read(g: &GgufFile, arch: &str) -> Result<Self> {
+        let k = |s: &str| format!("{arch}.{s}");
+        let dim = g.usize(&k("embedding_length"))?;
+        let heads = g.usize(&k("attention.head_count"))?;
+        if heads == 0 {
+            return Err(crate::Error::Metadata {
+                path: g.path().into(),
+                key: k("attention.head_count"),
+                problem: "is zero".into(),
+            });
+        }
+        let kv_heads = g.usize_or(&k("attention.head_count_kv"), heads)?;
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(crate::Error::Metadata {
+                path: g.path().into(),
+                key: k("attention.head_count_kv"),
+                problem: format!("{kv_heads} does not divide the {heads} attention heads"),
+            });
+        }
+        let head_dim = g.usize_or(&k("attention.key_length"), dim / heads)?;
+        let (tok_dims, _) = g.tensor_info("token_embd.weight")?;
+        let vocab = tok_dims.first().copied().unwrap_or(0);
+        let scale =
+            if g.get(&k("rope.scaling.type")).is_some_and(|_| g.str(&k("rope.scaling.type")).ok() == Some("linear")) {
+                g.f32_or(&k("rope.scaling.factor"), 1.0)?
+            } else {
+                1.0
+            };
+        Ok(Self {
+            layers: g.usize(&k("block_count"))?,
+            dim,
+            ffn: g.usize(&k("feed_forward_length"))?,
+            heads,
+            kv_heads,
+            head_dim,
+            eps: g.f32_or(&k("attention.layer_norm_rms_epsilon"), 1e-5)?,
+            rope_base: g.f32_or(&k("rope.freq_base"), 10_000.0)?,
+            rope_scale: scale,
+            context_length: g.usize_or(&k("context_length"), 2048)?,
+            vocab,
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! The llama family: `llama` (SmolLM2) and `qwen2` (Qwen2.5-Coder) GGUF files.
+//!
+//! Pre-norm decoder blocks with grouped-query attention, rotary embeddings and a SiLU-gated MLP. The two
+//! architectures differ only in details kept in [`Variant`]: qwen2 has biases on q/k/v and "NeoX" (split
+//! halves) rotary pairing; llama GGUF files were converted with q/k rows permuted for interleaved pairing.
+
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
+
+use super::gguf::GgufFile;
+use super::layers::{
+    attention, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm, Rope, RopeStyle,
+};
+use crate::error::Result;
+
+/// Which member of the family a file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Llama,
+    Qwen2,
+}
+
+struct Block {
+    attn_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    ffn_norm: RmsNorm,
+    mlp: GatedMlp,
+    cache: KvCache,
+}
+
+/// A loaded llama-family model with its KV cache.
+pub struct Llama {
+    hp: Hparams,
+    embed: Arc<candle_core::quantized::QTensor>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    output: Linear,
+    rope: Rope,
+    device: Device,
+    len: usize,
+    max_len: usize,
+}
+
+impl Llama {
+    pub(crate) fn load(g: &mut GgufFile, variant: Variant, max_len: usize, dev: &Device) -> Result<Self> {
+        let arch = match variant {
+            Variant::Llama => "llama",
+            Variant::Qwen2 => "qwen2",
+        };
+        let hp = Hparams::read(g, arch)?;
+        let (d, hd) = (hp.dim, hp.head_dim);
+        let embed = Arc::new(g.tensor("token_embd.weight", Some(&[hp.vocab, d]), dev)?);
+        let mut blocks = Vec::with_capacity(hp.layers);
+        for i in 0..hp.layers {
+            let p = format!("blk.{i}");
+            blocks.push(Block {
+                attn_norm: RmsNorm::load(g, &format!("{p}.attn_norm"), d, hp.eps, dev)?,
+                q: Linear::load(g, &format!("{p}.attn_q"), [hp.heads * hd, d], dev)?,
+                k: Linear::load(g, &format!("{p}.attn_k"), [hp.kv_heads * hd, d], dev)?,
+                v: Linear::load(g, &format!("{p}.attn_v"), [hp.kv_heads * hd, d], dev)?,
+                o: Linear::load(g, &format!("{p}.attn_output"), [d, hp.heads * hd], dev)?,
+                ffn_norm: RmsNorm::load(g, &format!("{p}.ffn_norm"), d, hp.eps, dev)?,
+                mlp: GatedMlp::load(g, &p, d, hp.ffn, false, dev)?,
+                cache: KvCache::new(max_len),
+            });
+        }
+        let norm = RmsNorm::load(g, "output_norm", d, hp.eps, dev)?;
+        let output = if g.has_tensor("output.weight") {
+            Linear::load(g, "output", [hp.vocab, d], dev)?
+        } else {
+            Linear::from_arc(embed.clone())?
+        };
+        let rope_dim = g.usize_or(&format!("{arch}.rope.dimension_count"), hd)?;
+        let style = match variant {
+            Variant::Llama => RopeStyle::Interleaved,
+            Variant::Qwen2 => RopeStyle::Halves,
+        };
+        let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, dev)?;
+        Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len })
+    }
+
+    pub(crate) fn hparams(&self) -> &Hparams {
+        &self.hp
+    }
+
+    pub(crate) fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        for b in &mut self.blocks {
+            b.cache.truncate(self.len);
+        }
+    }
+
+    /// Runs `tokens` at the end of the cache; returns the last position's logits.
+    pub(crate) fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
+        let pos = self.len;
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embed.embedding(&ids)?.unsqueeze(0)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        for b in &mut self.blocks {
+            let h = b.attn_norm.forward(&x)?;
+            let q = (split_heads(&b.q.forward(&h)?, heads, hd)? * scale)?;
+            let k = split_heads(&b.k.forward(&h)?, kv, hd)?;
+            let v = split_heads(&b.v.forward(&h)?, kv, hd)?;
+            let q = self.rope.apply(&q, pos)?;
+            let k = self.rope.apply(&k, pos)?;
+            let (ks, vs) = b.cache.append(&k, &v)?;
+            let a = attention(&q, &ks, &vs, None)?;
+            x = (x + b.o.forward(&a)?)?;
+            let h = b.ffn_norm.forward(&x)?;
+            x = (x + b.mlp.forward(&h)?)?;
+        }
+        self.len += tokens.len();
+        let x = self.norm.forward(&last_position(&x)?)?;
+        logits_to_vec(&self.output.forward(&x)?)
+    }
+}

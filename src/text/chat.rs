@@ -1,0 +1,139 @@
+//! Chat templates: the model's own Jinja `tokenizer.chat_template`, rendered with minijinja under the
+//! Hugging Face conventions (`messages`, `add_generation_prompt`, `tools`, `bos_token`, `eos_token`,
+//! `raise_exception`, Python-style `tojson`, Python string methods, trimmed blocks).
+
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use super::tokenizer::Tokenizer;
+use crate::error::{Error, Result};
+
+/// ChatML, used for files of the llama family that carry no template.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + \
+message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Who speaks a chat message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self { role, content: content.into() }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos: String,
+    eos: String,
+}
+
+/// `json.dumps` separators (", " and ": "), which HF's `tojson` produces and templates expect.
+struct PyFormatter;
+
+impl serde_json::ser::Formatter for PyFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// Serialises a value the way Python's `json.dumps(v, ensure_ascii=False)` does.
+pub fn python_json(v: &impl Serialize) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter);
+    v.serialize(&mut ser).expect("serialising to a Vec cannot fail");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+fn tojson(v: Value, indent: Option<Value>) -> std::result::Result<Value, JinjaError> {
+    let json =
+        serde_json::to_value(&v).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let s = if indent.is_some() { serde_json::to_string_pretty(&json).unwrap_or_default() } else { python_json(&json) };
+    Ok(Value::from_safe_string(s))
+}
+
+fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; the tokenizer supplies `bos_token` and `eos_token`.
+    pub fn new(source: &str, tok: &Tokenizer) -> Result<Self> {
+        let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or("").to_string();
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", |fmt: String| -> String {
+            // Templates use this for "today's date"; a fixed, documented value keeps prompts reproducible.
+            let _ = fmt;
+            "01 January 2026".to_string()
+        });
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e:#}")))?;
+        Ok(Self { env, source: source.to_string(), bos: text(tok.bos()), eos: text(tok.eos()) })
+    }
+
+    /// The template source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders a conversation. `tools` is passed to the template as the HF `tools` variable.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
+        let tmpl = self.env.get_template("chat").map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            tools => tools,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| Error::ChatTemplate(format!("rendering failed: {e:#}")))
+    }
+}

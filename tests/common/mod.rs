@@ -1,0 +1,54 @@
+//! Shared helpers of the integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use reagent::catalog::{self, Catalog, FetchOptions};
+use reagent::model::tiny::{write_tiny_gguf, TinySpec};
+use reagent::model::Arch;
+use reagent::{LoadOptions, Model};
+
+/// A directory that lives as long as the test binary.
+pub fn scratch() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("temp dir")).path()
+}
+
+/// Writes (once per binary) the tiny random-weight model of an architecture and returns its path.
+pub fn tiny_path(arch: Arch) -> PathBuf {
+    let path = scratch().join(format!("tiny-{}.gguf", arch.as_str()));
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.exists() {
+        write_tiny_gguf(&path, &TinySpec::new(arch)).expect("write tiny gguf");
+    }
+    path
+}
+
+pub fn tiny_model(arch: Arch) -> Model {
+    Model::load(tiny_path(arch), &LoadOptions::default()).expect("load tiny model")
+}
+
+pub const ARCHS: [Arch; 3] = [Arch::Llama, Arch::Qwen2, Arch::Gemma3];
+
+/// The path of a catalog model, fetched into the cache when absent (the test model, `smollm2-135m`).
+pub fn real_model_path(name: &str) -> PathBuf {
+    // One fetch at a time within a test binary; the cache's atomic rename makes binaries safe too.
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let opts = FetchOptions { progress: false, ..FetchOptions::default() };
+    catalog::resolve(&Catalog::builtin(), name, true, &opts)
+        .unwrap_or_else(|e| panic!("model `{name}` is needed by this test and could not be fetched: {e}"))
+}
+
+/// A bigger catalog model for optional checks: required (fetched) when `REAGENT_TEST_MODELS` lists it
+/// or says `all` (as `.ci/run` does), else used only if it is already in the cache.
+pub fn optional_model_path(name: &str) -> Option<PathBuf> {
+    let wanted = std::env::var("REAGENT_TEST_MODELS").unwrap_or_default();
+    if wanted.split(',').any(|w| w.trim() == name || w.trim() == "all") {
+        return Some(real_model_path(name));
+    }
+    let cat = Catalog::builtin();
+    catalog::locate(cat.get(name)?, &FetchOptions::default())
+}

@@ -1,0 +1,250 @@
+//! Hermetic model tests on tiny random-weight GGUF files written by the tests: loading each architecture,
+//! the forward pass, KV-cache truncation, deterministic generation and clear errors for bad files.
+
+mod common;
+
+use common::{scratch, tiny_model, tiny_path, ARCHS};
+use reagent::model::Arch;
+use reagent::{generate, ChatMessage, GenerateParams, LanguageModel, LoadOptions, Model, Sampling, StopReason};
+
+#[test]
+fn every_architecture_loads_and_gives_finite_logits() {
+    for arch in ARCHS {
+        let mut m = tiny_model(arch);
+        assert_eq!(m.info().arch, arch);
+        let vocab = m.tokenizer().vocab_size();
+        assert_eq!(m.vocab_size(), vocab, "{arch:?}");
+        let ids = m.tokenizer().encode("hello world", false).unwrap();
+        let logits = m.forward(&ids, 0).unwrap();
+        assert_eq!(logits.len(), vocab, "{arch:?}");
+        assert!(logits.iter().all(|x| x.is_finite()), "{arch:?}");
+        assert_eq!(m.cache_len(), ids.len());
+        // Not all equal: the weights do something.
+        let (lo, hi) = logits.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        assert!(hi - lo > 1e-3, "{arch:?}: flat logits");
+    }
+}
+
+#[test]
+fn truncating_the_cache_and_rerunning_matches_a_fresh_run_bit_for_bit() {
+    for arch in ARCHS {
+        let mut a = tiny_model(arch);
+        let prefix: Vec<u32> = (10..30).collect();
+        a.forward(&prefix, 0).unwrap();
+        // Go down a branch, then roll it back.
+        a.forward(&[40, 41, 42], prefix.len()).unwrap();
+        a.forward(&[43], prefix.len() + 3).unwrap();
+        a.truncate(prefix.len());
+        assert_eq!(a.cache_len(), prefix.len());
+        let after_rollback_batch = a.forward(&[50, 51], prefix.len()).unwrap();
+        let after_rollback_step = a.forward(&[52], prefix.len() + 2).unwrap();
+
+        let mut b = tiny_model(arch);
+        b.forward(&prefix, 0).unwrap();
+        let fresh_batch = b.forward(&[50, 51], prefix.len()).unwrap();
+        let fresh_step = b.forward(&[52], prefix.len() + 2).unwrap();
+        assert!(bits_equal(&after_rollback_batch, &fresh_batch), "{arch:?}: batch logits differ");
+        assert!(bits_equal(&after_rollback_step, &fresh_step), "{arch:?}: step logits differ");
+    }
+}
+
+#[test]
+fn forward_at_an_earlier_position_drops_the_rest_of_the_cache() {
+    let mut m = tiny_model(Arch::Qwen2);
+    let first = m.forward(&[5, 6, 7], 0).unwrap();
+    m.forward(&[8, 9], 3).unwrap();
+    // Re-running from position 0 must equal the first call: positions 0.. are replaced, not appended.
+    let again = m.forward(&[5, 6, 7], 0).unwrap();
+    assert!(bits_equal(&first, &again));
+    assert_eq!(m.cache_len(), 3);
+}
+
+#[test]
+fn incremental_decode_matches_one_shot_prefill() {
+    // Feeding tokens one at a time must agree with one batched forward (up to float reassociation).
+    for arch in ARCHS {
+        let ids: Vec<u32> = (20..32).collect();
+        let mut a = tiny_model(arch);
+        let batch = a.forward(&ids, 0).unwrap();
+        let mut b = tiny_model(arch);
+        let mut step = Vec::new();
+        for (i, &t) in ids.iter().enumerate() {
+            step = b.forward(&[t], i).unwrap();
+        }
+        let max_diff = batch.iter().zip(&step).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+        assert!(max_diff < 1e-2, "{arch:?}: max |diff| {max_diff}");
+    }
+}
+
+#[test]
+fn bad_positions_and_tokens_are_errors_not_panics() {
+    let mut m = tiny_model(Arch::Llama);
+    let err = m.forward(&[1], 5).unwrap_err().to_string();
+    assert!(err.contains("position 5") && err.contains("holds only 0"), "{err}");
+    let err = m.forward(&[], 0).unwrap_err().to_string();
+    assert!(err.contains("no tokens"), "{err}");
+    let err = m.forward(&[1_000_000], 0).unwrap_err().to_string();
+    assert!(err.contains("1000000") && err.contains("outside the vocabulary"), "{err}");
+    let too_long: Vec<u32> = vec![3; m.context_length() + 1];
+    let err = m.forward(&too_long, 0).unwrap_err().to_string();
+    assert!(err.contains("context overflow"), "{err}");
+}
+
+#[test]
+fn greedy_generation_is_deterministic_and_seeded_sampling_reproducible() {
+    for arch in ARCHS {
+        let mut m = tiny_model(arch);
+        let tok = m.tokenizer().clone();
+        let prompt = tok.encode("hello world", false).unwrap();
+        let params = GenerateParams { max_tokens: 12, ignore_eos: true, ..GenerateParams::default() };
+        let a = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
+        let b = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
+        assert_eq!(a.tokens, b.tokens, "{arch:?}");
+        assert_eq!(a.tokens.len(), 12);
+        assert_eq!(a.stop, StopReason::MaxTokens);
+
+        let mut sampled = |seed| {
+            let p = GenerateParams {
+                sampling: Sampling::Random { temperature: 1.0, top_k: None, top_p: None },
+                seed,
+                ..params.clone()
+            };
+            generate(&mut m, &tok, &[], &prompt, &p, &mut |_| {}).unwrap().tokens
+        };
+        let (x, y) = (sampled(3), sampled(3));
+        assert_eq!(x, y, "{arch:?}");
+    }
+}
+
+#[test]
+fn streamed_text_equals_the_returned_text_and_stop_strings_cut_it() {
+    let mut m = tiny_model(Arch::Llama);
+    let tok = m.tokenizer().clone();
+    let prompt = tok.encode("hello", false).unwrap();
+    let params = GenerateParams { max_tokens: 30, ignore_eos: true, ..GenerateParams::default() };
+    let mut streamed = String::new();
+    let full = generate(&mut m, &tok, &[], &prompt, &params, &mut |t| streamed.push_str(t)).unwrap();
+    assert_eq!(streamed, full.text);
+    // Stop on a piece of the text generated above: the result ends right before it.
+    let chars: Vec<char> = full.text.chars().collect();
+    if chars.len() >= 6 {
+        let stop: String = chars[3..5].iter().collect();
+        let cut = full.text.find(&stop).unwrap();
+        let p = GenerateParams { stop_strings: vec![stop.clone()], ..params.clone() };
+        let mut streamed = String::new();
+        let g = generate(&mut m, &tok, &[], &prompt, &p, &mut |t| streamed.push_str(t)).unwrap();
+        assert_eq!(g.text, full.text[..cut]);
+        assert_eq!(streamed, g.text);
+        assert_eq!(g.stop, StopReason::StopString { stop });
+    }
+}
+
+#[test]
+fn stop_tokens_end_generation() {
+    let mut m = tiny_model(Arch::Qwen2);
+    let tok = m.tokenizer().clone();
+    let prompt = tok.encode("hello", false).unwrap();
+    let params = GenerateParams { max_tokens: 5, ignore_eos: true, ..GenerateParams::default() };
+    let free = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
+    // Declaring the first greedy token a stop token ends generation before it.
+    let first = free.tokens[0];
+    let g = generate(&mut m, &tok, &[first], &prompt, &GenerateParams { ignore_eos: false, ..params }, &mut |_| {})
+        .unwrap();
+    assert_eq!(g.stop, StopReason::StopToken { token: first });
+    assert!(g.tokens.is_empty());
+}
+
+#[test]
+fn chat_templates_render_with_stop_tokens_from_metadata() {
+    let m = tiny_model(Arch::Qwen2);
+    let text =
+        m.chat_template().render(&[ChatMessage::system("Be brief."), ChatMessage::user("hi")], true, None).unwrap();
+    assert_eq!(
+        text,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let im_end = m.tokenizer().token_id("<|im_end|>").unwrap();
+    assert!(m.stop_tokens().contains(&im_end));
+
+    // gemma3 files without a template get Gemma's turn format; <end_of_turn> stops.
+    let g = tiny_model(Arch::Gemma3);
+    let text =
+        g.chat_template().render(&[ChatMessage::system("Be brief."), ChatMessage::user("hi")], true, None).unwrap();
+    assert_eq!(text, "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n<start_of_turn>model\n");
+    let eot = g.tokenizer().token_id("<end_of_turn>").unwrap();
+    assert!(g.stop_tokens().contains(&eot));
+    let ids = g.tokenizer().encode(&text, true).unwrap();
+    assert_eq!(ids[0], g.tokenizer().bos().unwrap());
+}
+
+// ---- bad files ----------------------------------------------------------------------------------------
+
+fn load_err(path: &std::path::Path) -> String {
+    match Model::load(path, &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded but should not", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_truncated_file_names_the_file_and_the_cut_tensor() {
+    let bytes = std::fs::read(tiny_path(Arch::Llama)).unwrap();
+    let path = scratch().join("truncated.gguf");
+    std::fs::write(&path, &bytes[..bytes.len() - 1000]).unwrap();
+    let err = load_err(&path);
+    assert!(err.contains("truncated.gguf") && err.contains("truncated") && err.contains("tensor `"), "{err}");
+    // Cut inside the header too.
+    std::fs::write(&path, &bytes[..100]).unwrap();
+    let err = load_err(&path);
+    assert!(err.contains("truncated.gguf") && err.contains("not a valid GGUF"), "{err}");
+}
+
+#[test]
+fn wrong_magic_and_empty_files_are_rejected() {
+    let path = scratch().join("magic.gguf");
+    std::fs::write(&path, b"GGML\x03\x00\x00\x00rest of the file").unwrap();
+    let err = load_err(&path);
+    assert!(err.contains("magic.gguf") && err.contains("bad magic"), "{err}");
+    std::fs::write(&path, b"").unwrap();
+    let err = load_err(&path);
+    assert!(err.contains("magic.gguf") && err.contains("0 bytes"), "{err}");
+    let err = load_err(&scratch().join("does-not-exist.gguf"));
+    assert!(err.contains("does-not-exist.gguf"), "{err}");
+}
+
+/// Rewrites one metadata string of the tiny llama file in place (same length keeps offsets valid).
+fn patched(from: &str, to: &str, name: &str) -> std::path::PathBuf {
+    assert_eq!(from.len(), to.len());
+    let mut bytes = std::fs::read(tiny_path(Arch::Llama)).unwrap();
+    let at = bytes.windows(from.len()).position(|w| w == from.as_bytes()).expect("string present");
+    bytes[at..at + to.len()].copy_from_slice(to.as_bytes());
+    let path = scratch().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn unknown_architecture_is_named() {
+    // "general.architecture" = "llama" → "llamb"; the arch-prefixed keys still say llama.
+    let path = patched("\x05\0\0\0\0\0\0\0llama", "\x05\0\0\0\0\0\0\0mamba", "arch.gguf");
+    let err = load_err(&path);
+    assert!(err.contains("arch.gguf") && err.contains("unsupported architecture `mamba`"), "{err}");
+}
+
+#[test]
+fn missing_metadata_is_named() {
+    let path = patched("llama.block_count", "llama.block_cnt__", "meta.gguf");
+    let err = load_err(&path);
+    assert!(err.contains("meta.gguf") && err.contains("llama.block_count") && err.contains("missing"), "{err}");
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let path = patched("blk.1.ffn_up.weight", "blk.1.ffn_uq.weight", "tensor.gguf");
+    let err = load_err(&path);
+    assert!(err.contains("tensor.gguf") && err.contains("blk.1.ffn_up.weight") && err.contains("missing"), "{err}");
+}
+
+fn bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
