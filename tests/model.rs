@@ -61,9 +61,13 @@ fn forward_at_an_earlier_position_drops_the_rest_of_the_cache() {
 
 #[test]
 fn incremental_decode_matches_one_shot_prefill() {
-    // Feeding tokens one at a time must agree with one batched forward (up to float reassociation).
-    for arch in ARCHS {
-        let ids: Vec<u32> = (20..32).collect();
+    // Feeding tokens one at a time must agree with one batched forward. They are not bit-equal: single
+    // rows go through the quantized kernel, which rounds activations to 8 bits (error ~1/256 of each
+    // block's largest value, compounded over the layers), while batches of 16+ rows use f32 GEMM. 3% of
+    // the logit range bounds that; a wrong mask, rope position or cache slot gives errors of its order.
+    // 12 tokens run through the quantized kernel, 40 through the dequantized batch path.
+    for (arch, n) in ARCHS.into_iter().flat_map(|a| [(a, 12u32), (a, 40)]) {
+        let ids: Vec<u32> = (20..20 + n).collect();
         let mut a = tiny_model(arch);
         let batch = a.forward(&ids, 0).unwrap();
         let mut b = tiny_model(arch);
@@ -72,7 +76,8 @@ fn incremental_decode_matches_one_shot_prefill() {
             step = b.forward(&[t], i).unwrap();
         }
         let max_diff = batch.iter().zip(&step).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-        assert!(max_diff < 1e-2, "{arch:?}: max |diff| {max_diff}");
+        let (lo, hi) = batch.iter().fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        assert!(max_diff < 0.03 * (hi - lo), "{arch:?} {n} tokens: max |diff| {max_diff}, range {}", hi - lo);
     }
 }
 

@@ -10,8 +10,18 @@ use crate::error::Result;
 /// A linear layer over quantized (or f32) weights, with an optional f32 bias.
 pub(crate) struct Linear {
     w: QMatMul,
+    /// The quantized weights, kept for the batched path (see [`DEQUANT_BATCH_MIN`]).
+    q: Option<std::sync::Arc<QTensor>>,
     b: Option<Tensor>,
 }
+
+/// Batches of at least this many rows multiply by weights dequantized to f32 instead of going through the
+/// quantized kernel. Why: the quantized kernels round the activations to 8 bits (Q8_0/Q8_1), which on
+/// small models is enough to flip near-tied greedy choices, and candle's batched quantized path is slow
+/// for Q4_1/Q5_0. Dequantizing one matrix at a time and running an f32 GEMM gives the reference f32
+/// result and is faster for prompt-sized batches; the dequantized copy is dropped after the call, so
+/// memory stays at the quantized size. Decode steps (one row) keep the quantized mat-vec.
+pub(crate) const DEQUANT_BATCH_MIN: usize = 16;
 
 impl Linear {
     /// Loads `{name}.weight` (shape `[out, in]`) and `{name}.bias` if present.
@@ -23,16 +33,24 @@ impl Linear {
         } else {
             None
         };
-        Ok(Self { w: QMatMul::from_qtensor(w)?, b })
+        let w = std::sync::Arc::new(w);
+        Ok(Self { q: Some(w.clone()), w: QMatMul::from_arc(w)?, b })
     }
 
     /// A bias-free layer over an already loaded tensor (tied embeddings).
     pub(crate) fn from_arc(w: std::sync::Arc<QTensor>) -> Result<Self> {
-        Ok(Self { w: QMatMul::from_arc(w)?, b: None })
+        Ok(Self { q: Some(w.clone()), w: QMatMul::from_arc(w)?, b: None })
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.w.forward(x)?;
+        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
+        let y = match (&self.w, &self.q) {
+            (QMatMul::QTensor(_), Some(q)) if rows >= DEQUANT_BATCH_MIN && x.device().is_cpu() => {
+                let w = q.dequantize(x.device())?;
+                x.broadcast_matmul(&w.t()?)?
+            }
+            _ => self.w.forward(x)?,
+        };
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
