@@ -43,6 +43,15 @@ pub enum Error {
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
+    // ---- grammars ------------------------------------------------------------------------------------
+    /// A grammar, schema or regex that cannot be compiled, or a constrained generation that broke.
+    #[error("grammar: {0}")]
+    Grammar(String),
+
+    /// A tool definition or tool set is invalid.
+    #[error("tool `{tool}`: {reason}")]
+    Tool { tool: String, reason: String },
+
     // ---- catalog and fetching -----------------------------------------------------------------------
     /// `--model NAME` is neither an existing file nor a catalog entry.
     #[error("unknown model `{name}`: not a file and not in the catalog (known: {known})")]

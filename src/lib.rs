@@ -34,16 +34,21 @@
 //! # Ok(()) }
 //! ```
 
+pub mod agent;
 pub mod bench;
 pub mod catalog;
 pub mod decode;
 pub mod error;
 pub mod model;
 pub mod text;
+pub mod tools;
 
-pub use decode::generate::{generate, GenerateParams, Generation, GenerationStats, StopReason};
+pub use agent::decision::{decision_schema, Decision, DecisionOptions, ToolCall, ToolChoice};
+pub use decode::constraint::{Constraint, ConstraintStats, Grammar, GrammarEngine};
+pub use decode::generate::{generate, generate_with, GenerateParams, Generation, GenerationStats, StopReason};
 pub use decode::sampler::{Sampler, Sampling};
 pub use error::{Error, Result};
 pub use model::{LanguageModel, LoadOptions, Model};
 pub use text::chat::{ChatMessage, ChatTemplate, Role};
 pub use text::tokenizer::Tokenizer;
+pub use tools::ToolSpec;

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::constraint::Constraint;
 use super::sampler::{Sampler, Sampling};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -43,6 +44,8 @@ pub enum StopReason {
     MaxTokens,
     /// The context window is full.
     ContextFull,
+    /// The grammar is complete and admits nothing more.
+    GrammarComplete,
 }
 
 /// Timing and token counts of one generation.
@@ -111,6 +114,21 @@ pub fn generate(
     params: &GenerateParams,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
+    generate_with(model, tok, stop_tokens, prompt, params, None, on_text)
+}
+
+/// [`generate`], optionally under a grammar [`Constraint`]: forced tokens are appended with one batched
+/// forward pass, every sampled token is drawn from the grammar's mask, and generation ends when the
+/// grammar is complete (or accepts and the model picks a stop token).
+pub fn generate_with(
+    model: &mut dyn LanguageModel,
+    tok: &Tokenizer,
+    stop_tokens: &[u32],
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut constraint: Option<&mut Constraint>,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation> {
     let capacity = model.context_length();
     if prompt.len() >= capacity {
         return Err(Error::ContextOverflow { needed: prompt.len() + 1, capacity });
@@ -119,41 +137,55 @@ pub fn generate(
     let mut logits = prefill(model, prompt, 0)?;
     let prefill_time = t0.elapsed();
     let mut sampler = Sampler::new(params.sampling, params.seed);
-    let mut stream = StreamDecoder::default();
+    let mut out = TextOut::new(params);
     let mut tokens = Vec::new();
-    let mut text = String::new();
-    let mut emitted: usize = 0;
-    let hold = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
     let t1 = Instant::now();
     let stop = loop {
         if tokens.len() >= params.max_tokens {
             break StopReason::MaxTokens;
         }
+        if let Some(c) = constraint.as_deref_mut() {
+            let mut forced = c.forced_tokens()?;
+            if !forced.is_empty() {
+                forced.truncate(params.max_tokens - tokens.len());
+                if prompt.len() + tokens.len() + forced.len() > capacity {
+                    break StopReason::ContextFull;
+                }
+                let pos = prompt.len() + tokens.len();
+                for &t in &forced {
+                    tokens.push(t);
+                    out.push(tok, t, on_text);
+                }
+                if let Some(s) = out.check_stop(on_text) {
+                    break s;
+                }
+                if tokens.len() >= params.max_tokens {
+                    break StopReason::MaxTokens;
+                }
+                logits = model.forward(&forced, pos)?;
+                continue;
+            }
+            if c.is_finished() {
+                break StopReason::GrammarComplete;
+            }
+            c.mask_logits(&mut logits)?;
+        }
         let Some(next) = sampler.sample(&logits) else {
-            return Err(Error::InvalidArgument("every token has -inf logit".into()));
+            return Err(match constraint {
+                Some(_) => Error::Grammar("the grammar allows no token here".into()),
+                None => Error::InvalidArgument("every token has -inf logit".into()),
+            });
         };
+        if let Some(c) = constraint.as_deref_mut() {
+            c.consume(next)?;
+        }
         if !params.ignore_eos && stop_tokens.contains(&next) {
             break StopReason::StopToken { token: next };
         }
         tokens.push(next);
-        if !tok.is_special(next) {
-            text.push_str(&stream.push(tok.token_bytes(next)));
-        }
-        if let Some((at, s)) = find_stop(&text, &params.stop_strings, emitted.saturating_sub(hold)) {
-            text.truncate(at);
-            if at > emitted {
-                on_text(&text[emitted..]);
-            }
-            emitted = text.len();
-            break StopReason::StopString { stop: s.to_string() };
-        }
-        let mut safe = text.len().saturating_sub(hold).max(emitted);
-        while !text.is_char_boundary(safe) {
-            safe -= 1;
-        }
-        if safe > emitted {
-            on_text(&text[emitted..safe]);
-            emitted = safe;
+        out.push(tok, next, on_text);
+        if let Some(s) = out.check_stop(on_text) {
+            break s;
         }
         if prompt.len() + tokens.len() >= capacity {
             break StopReason::ContextFull;
@@ -164,15 +196,61 @@ pub fn generate(
         logits = model.forward(&[next], prompt.len() + tokens.len() - 1)?;
     };
     let decode_time = t1.elapsed();
-    if !matches!(stop, StopReason::StopString { .. }) {
-        text.push_str(&stream.finish());
-        if text.len() > emitted {
-            on_text(&text[emitted..]);
-        }
-    }
+    let text = out.finish(&stop, on_text);
     let stats =
         GenerationStats { prompt_tokens: prompt.len(), prefill_time, generated_tokens: tokens.len(), decode_time };
     Ok(Generation { text, tokens, stop, stats })
+}
+
+/// Streams generated text: complete UTF-8 only, holding back any tail that could start a stop string.
+struct TextOut<'a> {
+    stream: StreamDecoder,
+    text: String,
+    emitted: usize,
+    hold: usize,
+    stops: &'a [String],
+}
+
+impl<'a> TextOut<'a> {
+    fn new(params: &'a GenerateParams) -> Self {
+        let hold = params.stop_strings.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
+        Self { stream: StreamDecoder::default(), text: String::new(), emitted: 0, hold, stops: &params.stop_strings }
+    }
+
+    fn push(&mut self, tok: &Tokenizer, id: u32, on_text: &mut dyn FnMut(&str)) {
+        if !tok.is_special(id) {
+            self.text.push_str(&self.stream.push(tok.token_bytes(id)));
+        }
+        let mut safe = self.text.len().saturating_sub(self.hold).max(self.emitted);
+        while !self.text.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if safe > self.emitted && find_stop(&self.text, self.stops, self.emitted.saturating_sub(self.hold)).is_none() {
+            on_text(&self.text[self.emitted..safe]);
+            self.emitted = safe;
+        }
+    }
+
+    /// Cuts the text before the first stop string, if one appeared.
+    fn check_stop(&mut self, on_text: &mut dyn FnMut(&str)) -> Option<StopReason> {
+        let (at, s) = find_stop(&self.text, self.stops, self.emitted.saturating_sub(self.hold))?;
+        self.text.truncate(at);
+        if at > self.emitted {
+            on_text(&self.text[self.emitted..]);
+        }
+        self.emitted = self.text.len();
+        Some(StopReason::StopString { stop: s.to_string() })
+    }
+
+    fn finish(mut self, stop: &StopReason, on_text: &mut dyn FnMut(&str)) -> String {
+        if !matches!(stop, StopReason::StopString { .. }) {
+            self.text.push_str(&self.stream.finish());
+            if self.text.len() > self.emitted {
+                on_text(&self.text[self.emitted..]);
+            }
+        }
+        self.text
+    }
 }
 
 fn find_stop<'a>(text: &str, stops: &'a [String], from: usize) -> Option<(usize, &'a str)> {

@@ -1,4 +1,5 @@
 //! Decoding: samplers, the generation loop and its statistics.
 
+pub mod constraint;
 pub mod generate;
 pub mod sampler;

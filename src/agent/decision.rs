@@ -1,0 +1,264 @@
+//! The ReAct decision: its types, and the grammar that makes only valid decisions possible.
+//!
+//! A decision is one compact JSON object. Single call (the default shape):
+//! `{"thought":"…","type":"call_tool","tool":"calculator","args":{"expression":"2+2"}}`;
+//! answer: `{"thought":"…","type":"final_answer","answer":"…"}`; with parallel calls enabled (at most N):
+//! `{"thought":"…","type":"call_tools","calls":[{"tool":"a","args":{…}},{"tool":"b","args":{…}}]}`.
+//!
+//! [`decision_schema`] builds a JSON schema from the tool set and the [`ToolChoice`], starting from the
+//! template `grammars/decision.schema.json`. Each tool is its own `anyOf` alternative, so `args` is tied to
+//! the tool named in the same object: llguidance compiles the schema into the decoding grammar, and the
+//! same schema validates decisions made without a grammar. Every string and array without a bound gets
+//! one from [`DecisionOptions`], so no decision can run until the token limit.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::error::{Error, Result};
+use crate::tools::ToolSpec;
+
+const TEMPLATE: &str = include_str!("../../grammars/decision.schema.json");
+
+/// Which decisions the grammar allows.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// Call a tool or answer.
+    #[default]
+    Auto,
+    /// Call some tool.
+    Required,
+    /// Answer; no tool calls.
+    None,
+    /// Call this tool.
+    Specific(String),
+}
+
+impl std::str::FromStr for ToolChoice {
+    type Err = Error;
+
+    /// `auto`, `required`, `none`, or a tool name.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            "none" => ToolChoice::None,
+            "" => return Err(Error::InvalidArgument("empty tool choice".into())),
+            name => ToolChoice::Specific(name.to_string()),
+        })
+    }
+}
+
+/// Bounds and shape options of the decision grammar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionOptions {
+    /// Maximum characters of `thought`.
+    pub max_thought_chars: usize,
+    /// Maximum characters of `answer` and of any string argument without its own `maxLength`.
+    pub max_string_chars: usize,
+    /// Maximum items of any array argument without its own `maxItems`.
+    pub max_array_items: usize,
+    /// Allow up to this many calls in one decision (`type: call_tools`); `None` or `Some(1)`: single calls.
+    pub parallel_calls: Option<usize>,
+}
+
+impl Default for DecisionOptions {
+    fn default() -> Self {
+        Self { max_thought_chars: 300, max_string_chars: 1000, max_array_items: 32, parallel_calls: None }
+    }
+}
+
+/// One tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub tool: String,
+    pub args: Value,
+}
+
+/// A parsed decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Decision {
+    CallTool { thought: String, tool: String, args: Value },
+    CallTools { thought: String, calls: Vec<ToolCall> },
+    FinalAnswer { thought: String, answer: String },
+}
+
+impl Decision {
+    /// The model's reasoning.
+    pub fn thought(&self) -> &str {
+        match self {
+            Decision::CallTool { thought, .. }
+            | Decision::CallTools { thought, .. }
+            | Decision::FinalAnswer { thought, .. } => thought,
+        }
+    }
+
+    /// The calls this decision makes (empty for an answer).
+    pub fn calls(&self) -> Vec<ToolCall> {
+        match self {
+            Decision::CallTool { tool, args, .. } => vec![ToolCall { tool: tool.clone(), args: args.clone() }],
+            Decision::CallTools { calls, .. } => calls.clone(),
+            Decision::FinalAnswer { .. } => Vec::new(),
+        }
+    }
+}
+
+/// Builds the decision schema for `tools` under `choice`.
+pub fn decision_schema(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<Value> {
+    let template: Map<String, Value> =
+        serde_json::from_str(TEMPLATE).expect("grammars/decision.schema.json is valid JSON");
+    for (i, t) in tools.iter().enumerate() {
+        if tools[..i].iter().any(|u| u.name == t.name) {
+            return Err(Error::Tool { tool: t.name.clone(), reason: "registered twice".into() });
+        }
+    }
+    let callable: Vec<&ToolSpec> = match choice {
+        ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
+        ToolChoice::None => Vec::new(),
+        ToolChoice::Specific(name) => {
+            let t = tools.iter().find(|t| &t.name == name).ok_or_else(|| Error::Tool {
+                tool: name.clone(),
+                reason: format!(
+                    "tool choice names an unknown tool (registered: {})",
+                    tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            })?;
+            vec![t]
+        }
+    };
+    if callable.is_empty() && matches!(choice, ToolChoice::Required) {
+        return Err(Error::InvalidArgument("tool choice `required` with no tools registered".into()));
+    }
+    let thought = json!({"type": "string", "maxLength": opts.max_thought_chars});
+    let answer = json!({"type": "string", "maxLength": opts.max_string_chars});
+    let fill = |shape: &str, tool: Option<&ToolSpec>, extra: &[(&str, Value)]| -> Value {
+        let mut vars: Vec<(&str, Value)> = vec![("$thought", thought.clone()), ("$answer", answer.clone())];
+        if let Some(t) = tool {
+            vars.push(("$tool", Value::String(t.name.clone())));
+            vars.push(("$args", bounded_args(&t.parameters, opts)));
+        }
+        vars.extend(extra.iter().cloned());
+        substitute(&template[shape], &vars)
+    };
+    let mut alternatives: Vec<Value> = callable.iter().map(|t| fill("call_tool", Some(t), &[])).collect();
+    let parallel = opts.parallel_calls.filter(|&n| n > 1);
+    if let (Some(n), false) = (parallel, callable.is_empty()) {
+        let calls: Vec<Value> = callable.iter().map(|t| fill("call", Some(t), &[])).collect();
+        alternatives.push(fill("call_tools", None, &[("$max_calls", json!(n)), ("$call", Value::Array(calls))]));
+    }
+    if matches!(choice, ToolChoice::Auto | ToolChoice::None) {
+        alternatives.push(fill("final_answer", None, &[]));
+    }
+    let mut schema = Map::new();
+    schema.insert("x-guidance".into(), template["x-guidance"].clone());
+    if alternatives.len() == 1 {
+        let only = alternatives.pop().expect("one alternative");
+        schema.extend(only.as_object().expect("template shapes are objects").clone());
+    } else {
+        schema.insert("anyOf".into(), Value::Array(alternatives));
+    }
+    Ok(Value::Object(schema))
+}
+
+/// Replaces every string value equal to a variable name by the variable's value.
+fn substitute(v: &Value, vars: &[(&str, Value)]) -> Value {
+    match v {
+        Value::String(s) => vars.iter().find(|(k, _)| k == s).map(|(_, x)| x.clone()).unwrap_or_else(|| v.clone()),
+        Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, vars)).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), substitute(x, vars))).collect()),
+        _ => v.clone(),
+    }
+}
+
+/// A tool's argument schema with length bounds added where it has none, and `additionalProperties:
+/// false` on objects that do not say otherwise (a decision may not invent arguments).
+fn bounded_args(schema: &Value, opts: &DecisionOptions) -> Value {
+    let mut s = schema.clone();
+    bound(&mut s, opts);
+    if let Some(o) = s.as_object_mut() {
+        o.entry("type").or_insert_with(|| json!("object"));
+        o.entry("properties").or_insert_with(|| json!({}));
+    }
+    s
+}
+
+fn bound(v: &mut Value, opts: &DecisionOptions) {
+    let Some(o) = v.as_object_mut() else { return };
+    let is = |o: &Map<String, Value>, ty: &str| match o.get("type") {
+        Some(Value::String(t)) => t == ty,
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == ty),
+        _ => false,
+    };
+    if is(o, "string") && !o.contains_key("enum") && !o.contains_key("const") && !o.contains_key("pattern") {
+        o.entry("maxLength").or_insert_with(|| json!(opts.max_string_chars));
+    }
+    if is(o, "array") {
+        o.entry("maxItems").or_insert_with(|| json!(opts.max_array_items));
+    }
+    if is(o, "object") {
+        o.entry("additionalProperties").or_insert(Value::Bool(false));
+    }
+    for key in ["properties", "$defs", "definitions"] {
+        if let Some(Value::Object(props)) = o.get_mut(key) {
+            props.values_mut().for_each(|p| bound(p, opts));
+        }
+    }
+    for key in ["items", "additionalProperties", "not"] {
+        if let Some(x) = o.get_mut(key) {
+            bound(x, opts);
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(xs)) = o.get_mut(key) {
+            xs.iter_mut().for_each(|x| bound(x, opts));
+        }
+    }
+}
+
+/// Parses a decision from JSON text, checking it against `schema` with a JSON-schema validator.
+pub fn parse_decision(text: &str, schema: &Value) -> std::result::Result<Decision, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+    let validator = jsonschema::validator_for(schema).map_err(|e| format!("decision schema: {e}"))?;
+    if let Some(e) = validator.iter_errors(&v).next() {
+        return Err(format!("{} (at {})", e, e.instance_path()));
+    }
+    serde_json::from_value(v).map_err(|e| format!("not a decision: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calc() -> ToolSpec {
+        ToolSpec::new(
+            "calculator",
+            "Evaluates arithmetic",
+            json!({"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn string_and_array_arguments_get_bounds() {
+        let s = decision_schema(&[calc()], &ToolChoice::Specific("calculator".into()), &DecisionOptions::default())
+            .unwrap();
+        assert_eq!(s["properties"]["args"]["properties"]["expression"]["maxLength"], 1000);
+        assert_eq!(s["properties"]["args"]["additionalProperties"], false);
+        assert_eq!(s["properties"]["thought"]["maxLength"], 300);
+        assert_eq!(s["properties"]["tool"]["const"], "calculator");
+    }
+
+    #[test]
+    fn tool_choice_errors_name_the_problem() {
+        let err = decision_schema(&[calc()], &ToolChoice::Specific("nope".into()), &DecisionOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`nope`") && err.contains("calculator"), "{err}");
+        let err = decision_schema(&[], &ToolChoice::Required, &DecisionOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("required"), "{err}");
+        let err =
+            decision_schema(&[calc(), calc()], &ToolChoice::Auto, &DecisionOptions::default()).unwrap_err().to_string();
+        assert!(err.contains("twice"), "{err}");
+    }
+}

@@ -1,0 +1,273 @@
+//! Grammar-constrained decoding: data-driven accept/reject tables for schemas, Lark grammars, regexes and
+//! the decision grammar in every tool-choice mode; a property test that constrained sampling from a
+//! random-weight model always yields decisions a JSON-schema validator accepts; clear errors for bad
+//! grammars before any token is generated.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::tiny_model;
+use reagent::agent::decision::parse_decision;
+use reagent::model::Arch;
+use reagent::{
+    decision_schema, generate_with, Decision, DecisionOptions, GenerateParams, Grammar, GrammarEngine, LanguageModel,
+    Sampling, ToolChoice, ToolSpec,
+};
+use serde_json::{json, Value};
+
+fn engine() -> (GrammarEngine, Arc<reagent::Tokenizer>) {
+    let m = tiny_model(Arch::Qwen2);
+    let tok = m.tokenizer().clone();
+    (GrammarEngine::new(tok.clone(), m.vocab_size(), m.stop_tokens()).unwrap(), tok)
+}
+
+/// Whether the whole of `text` is a complete match of `grammar`.
+fn accepts(engine: &GrammarEngine, tok: &reagent::Tokenizer, grammar: &Grammar, text: &str) -> bool {
+    let mut c = engine.constraint(grammar).unwrap();
+    let ids = tok.encode(text, false).unwrap();
+    c.consume_prefix(&ids).unwrap() == ids.len() && c.is_accepting()
+}
+
+fn check_table(grammar: Grammar, accepted: &[&str], rejected: &[&str]) {
+    let (engine, tok) = engine();
+    for s in accepted {
+        assert!(accepts(&engine, &tok, &grammar, s), "should accept {s:?} under {grammar:?}");
+    }
+    for s in rejected {
+        assert!(!accepts(&engine, &tok, &grammar, s), "should reject {s:?} under {grammar:?}");
+    }
+}
+
+#[test]
+fn json_schema_types_enums_required_nested_and_arrays() {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer"},
+            "unit": {"enum": ["c", "f"]},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+            "loc": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]}
+        },
+        "required": ["n", "unit"],
+        "additionalProperties": false,
+        "x-guidance": {"whitespace_flexible": false}
+    });
+    check_table(
+        Grammar::JsonSchema(schema),
+        &[
+            r#"{"n":3,"unit":"c"}"#,
+            r#"{"n":-12,"unit":"f","tags":["a","b"]}"#,
+            r#"{"n":0,"unit":"c","loc":{"lat":1.5}}"#,
+        ],
+        &[
+            r#"{"n":3.5,"unit":"c"}"#,
+            r#"{"n":"3","unit":"c"}"#,
+            r#"{"n":3,"unit":"k"}"#,
+            r#"{"unit":"c"}"#,
+            r#"{"n":3,"unit":"c","tags":["a","b","c"]}"#,
+            r#"{"n":3,"unit":"c","loc":{}}"#,
+            r#"{"n":3,"unit":"c","extra":1}"#,
+            r#"{"n": 3,"unit":"c"}"#,
+        ],
+    );
+}
+
+#[test]
+fn lark_and_regex() {
+    check_table(
+        Grammar::Lark(
+            r#"start: "Answer: " NUM " " UNIT
+NUM: /[0-9]+/
+UNIT: "kg" | "g""#
+                .into(),
+        ),
+        &["Answer: 12 kg", "Answer: 7 g"],
+        &["Answer: 12kg", "answer: 12 kg", "Answer: x g", "Answer: 12 lb"],
+    );
+    check_table(Grammar::Regex(r"(yes|no)\.".into()), &["yes.", "no."], &["yes", "maybe.", "yes.."]);
+}
+
+fn tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec::new(
+            "calculator",
+            "Evaluates an arithmetic expression",
+            json!({"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
+        )
+        .unwrap(),
+        ToolSpec::new(
+            "weather",
+            "Current weather",
+            json!({
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "unit": {"enum": ["c", "f"]}
+                },
+                "required": ["city", "days"]
+            }),
+        )
+        .unwrap(),
+    ]
+}
+
+const CALC: &str = r#"{"thought":"add","type":"call_tool","tool":"calculator","args":{"expression":"1+2"}}"#;
+const WEATHER: &str =
+    r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":3,"unit":"c"}}"#;
+const ANSWER: &str = r#"{"thought":"done","type":"final_answer","answer":"3"}"#;
+const PARALLEL: &str = r#"{"thought":"both","type":"call_tools","calls":[{"tool":"calculator","args":{"expression":"2"}},{"tool":"weather","args":{"city":"Rome","days":1}}]}"#;
+
+fn decision(choice: ToolChoice, opts: DecisionOptions) -> Grammar {
+    Grammar::JsonSchema(decision_schema(&tools(), &choice, &opts).unwrap())
+}
+
+#[test]
+fn decision_grammar_ties_args_to_the_named_tool() {
+    check_table(
+        decision(ToolChoice::Auto, DecisionOptions::default()),
+        &[CALC, WEATHER, ANSWER],
+        &[
+            // args of the other tool
+            r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
+            // integer argument given as a string / out of range
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":"3"}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
+            // missing required argument, unknown tool, unknown argument
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"search","args":{}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"calculator","args":{"expression":"1","x":1}}"#,
+            // shapes: answer without answer, thought not first, parallel calls when not enabled
+            r#"{"thought":"t","type":"final_answer"}"#,
+            r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
+            PARALLEL,
+        ],
+    );
+}
+
+#[test]
+fn every_tool_choice_mode() {
+    let opts = DecisionOptions::default;
+    check_table(decision(ToolChoice::Required, opts()), &[CALC, WEATHER], &[ANSWER]);
+    check_table(decision(ToolChoice::None, opts()), &[ANSWER], &[CALC, WEATHER]);
+    check_table(decision(ToolChoice::Specific("weather".into()), opts()), &[WEATHER], &[CALC, ANSWER]);
+    let parallel = DecisionOptions { parallel_calls: Some(2), ..opts() };
+    check_table(decision(ToolChoice::Auto, parallel.clone()), &[CALC, ANSWER, PARALLEL], &[]);
+    let three = r#"{"thought":"x","type":"call_tools","calls":[{"tool":"calculator","args":{"expression":"1"}},{"tool":"calculator","args":{"expression":"2"}},{"tool":"calculator","args":{"expression":"3"}}]}"#;
+    check_table(decision(ToolChoice::Required, parallel), &[PARALLEL], &[three, ANSWER]);
+}
+
+#[test]
+fn strings_are_bounded() {
+    let opts = DecisionOptions { max_thought_chars: 5, max_string_chars: 4, ..DecisionOptions::default() };
+    check_table(
+        decision(ToolChoice::Auto, opts),
+        &[r#"{"thought":"12345","type":"final_answer","answer":"abcd"}"#],
+        &[
+            r#"{"thought":"123456","type":"final_answer","answer":"a"}"#,
+            r#"{"thought":"1","type":"final_answer","answer":"abcde"}"#,
+            r#"{"thought":"1","type":"call_tool","tool":"calculator","args":{"expression":"12345"}}"#,
+        ],
+    );
+}
+
+#[test]
+fn several_tool_sets_compile() {
+    let (engine, _) = engine();
+    let many: Vec<ToolSpec> = (0..20)
+        .map(|i| {
+            ToolSpec::new(
+                format!("tool_{i}"),
+                "a tool",
+                json!({"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer"}, "flag": {"type": "boolean"}, "xs": {"type": "array", "items": {"type": "number"}}}, "required": ["q"]}),
+            )
+            .unwrap()
+        })
+        .collect();
+    for set in [&many[..1], &many[..5], &many[..]] {
+        for choice in [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None, ToolChoice::Specific("tool_0".into())]
+        {
+            let schema = decision_schema(set, &choice, &DecisionOptions::default()).unwrap();
+            engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_grammars_fail_before_generation_and_say_why() {
+    let (engine, _) = engine();
+    let err = |g: Grammar| engine.constraint(&g).err().expect("should fail").to_string();
+    let e = err(Grammar::JsonSchema(json!({"type": "object", "properties": {"a": {"type": "strng"}}})));
+    assert!(e.contains("JSON schema") && e.contains("strng"), "{e}");
+    let e = err(Grammar::Lark("start: foo\n".into()));
+    assert!(e.contains("Lark") && e.contains("foo"), "{e}");
+    let e = err(Grammar::Regex("(unclosed".into()));
+    assert!(e.contains("regex"), "{e}");
+}
+
+/// Property: under the decision grammar, a random-weight model sampling at temperature 1.0 always produces
+/// a decision that parses and that a JSON-schema validator (not the grammar) accepts.
+#[test]
+fn random_model_decisions_always_validate() {
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let opts =
+        DecisionOptions { max_thought_chars: 24, max_string_chars: 12, parallel_calls: Some(2), ..Default::default() };
+    let prompt = tok.encode("hello world", false).unwrap();
+    let mut kinds = std::collections::HashSet::new();
+    for (i, choice) in
+        [ToolChoice::Auto, ToolChoice::Required, ToolChoice::None, ToolChoice::Specific("weather".into())]
+            .into_iter()
+            .enumerate()
+    {
+        let schema = decision_schema(&tools(), &choice, &opts).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        for seed in 0..40u64 {
+            let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap();
+            let params = GenerateParams {
+                max_tokens: 400,
+                sampling: Sampling::Random { temperature: 1.0, top_k: None, top_p: None },
+                seed: seed * 31 + i as u64,
+                ..GenerateParams::default()
+            };
+            let stops = model.stop_tokens().to_vec();
+            let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+            let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", g.text));
+            assert!(validator.is_valid(&v), "seed {seed} {choice:?}: {}", g.text);
+            let d = parse_decision(&g.text, &schema).unwrap();
+            kinds.insert(std::mem::discriminant(&d));
+            match (&choice, &d) {
+                (ToolChoice::None, Decision::FinalAnswer { .. }) => {}
+                (ToolChoice::None, _) => panic!("tool call under `none`: {}", g.text),
+                (ToolChoice::Required | ToolChoice::Specific(_), Decision::FinalAnswer { .. }) => {
+                    panic!("answer under {choice:?}: {}", g.text)
+                }
+                (ToolChoice::Specific(name), d) => assert!(d.calls().iter().all(|c| &c.tool == name)),
+                _ => {}
+            }
+        }
+    }
+    assert!(kinds.len() >= 2, "the random model should produce more than one kind of decision");
+}
+
+#[test]
+fn forced_tokens_are_counted_and_structure_is_forced() {
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let opts = DecisionOptions { max_thought_chars: 10, max_string_chars: 10, ..DecisionOptions::default() };
+    let schema = decision_schema(&tools(), &ToolChoice::Specific("calculator".into()), &opts).unwrap();
+    let mut c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
+    let prompt = tok.encode("hello", false).unwrap();
+    let params = GenerateParams { max_tokens: 2000, ..GenerateParams::default() };
+    let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    assert!(g.text.starts_with(r#"{"thought":""#), "{}", g.text);
+    // `{"thought":"` is forced, and so is `","type":"call_tool","tool":"calculator","args":{"expression":"`.
+    let forced = c.stats().forced_tokens;
+    let prefix = tok.encode(r#"{"thought":""#, false).unwrap().len();
+    assert!(forced >= prefix + 10, "only {forced} forced tokens: {} ({:?})", g.text, g.stop);
+    assert_eq!(g.stop, reagent::StopReason::GrammarComplete);
+    assert_eq!(forced + c.stats().sampled_tokens, g.tokens.len());
+}
