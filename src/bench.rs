@@ -122,3 +122,132 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
 pub fn secs(d: Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
 }
+
+/// The ReAct decision prompt of `peer_bench.py` (system + user), so constrained figures compare with
+/// llama.cpp's JSON-grammar run.
+const DECISION_SYSTEM: &str = "You are an agent that decides the next step. Reply with ONE JSON object with keys: \
+\"thought\" (string), \"type\" (\"call_tool\" or \"final_answer\"), optionally \"tool\" (\"calculator\" or \"search\"), \
+\"args\" (object, e.g. {\"expression\": \"2+2\"}) and \"answer\" (string).";
+const DECISION_USER: &str = "Question: What is 37 * 43 + 12? Decide the next step.";
+
+/// Figures of `reagent bench --constrained`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConstrainedReport {
+    pub backend: &'static str,
+    pub model: String,
+    pub threads: usize,
+    /// Building the token trie and parser factory (once per model).
+    pub engine_build_s: f64,
+    /// Compiling the decision grammar of a 20-tool set (median of the runs).
+    pub grammar_20_tools_ms: f64,
+    pub free_tokens: usize,
+    pub free_decode_tok_s_median: f64,
+    pub constrained_tokens: usize,
+    pub constrained_decode_tok_s: Vec<f64>,
+    pub constrained_decode_tok_s_median: f64,
+    /// constrained / free decode tok/s.
+    pub ratio: f64,
+    pub forced_tokens: usize,
+    pub forced_share: f64,
+    pub mask_mean_us: f64,
+    pub mask_p50_us: f64,
+    pub mask_p99_us: f64,
+    pub sample_output: String,
+}
+
+fn bench_tools(n: usize) -> Vec<crate::tools::ToolSpec> {
+    use serde_json::json;
+    let mut tools = vec![
+        crate::tools::ToolSpec::new(
+            "calculator",
+            "Evaluates an arithmetic expression.",
+            json!({"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
+        ),
+        crate::tools::ToolSpec::new(
+            "search",
+            "Searches the web.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+    ];
+    for i in tools.len()..n {
+        tools.push(crate::tools::ToolSpec::new(
+            format!("tool_{i}"),
+            "A tool.",
+            json!({"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer"},
+                   "mode": {"enum": ["a", "b"]}, "xs": {"type": "array", "items": {"type": "number"}}}, "required": ["q"]}),
+        ));
+    }
+    tools.into_iter().map(|t| t.expect("bench tools are valid")).collect()
+}
+
+/// Measures a decision-shaped generation with the decision grammar against the same prompt unconstrained.
+pub fn run_constrained(model: &mut Model, params: &BenchParams, threads: usize) -> Result<ConstrainedReport> {
+    use crate::agent::decision::{decision_schema, DecisionOptions, ToolChoice};
+    use crate::decode::constraint::{ConstraintStats, Grammar, GrammarEngine};
+    use crate::decode::generate::generate_with;
+    use crate::text::chat::ChatMessage;
+
+    if params.runs == 0 || params.gen_tokens < 2 {
+        return Err(Error::InvalidArgument("bench needs runs >= 1 and gen tokens >= 2".into()));
+    }
+    let tok = model.tokenizer().clone();
+    let stops = model.stop_tokens().to_vec();
+    let text = model.chat_template().render(
+        &[ChatMessage::system(DECISION_SYSTEM), ChatMessage::user(DECISION_USER)],
+        true,
+        None,
+    )?;
+    let prompt = tok.encode(&text, true)?;
+    let t = Instant::now();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), &stops)?;
+    let engine_build_s = t.elapsed().as_secs_f64();
+    let opts = DecisionOptions::default();
+    let schema = decision_schema(&bench_tools(2), &ToolChoice::Auto, &opts)?;
+    let gp = GenerateParams { max_tokens: params.gen_tokens, sampling: Sampling::Greedy, ..GenerateParams::default() };
+
+    let mut free = Vec::new();
+    let mut free_tokens = 0;
+    for _ in 0..params.runs {
+        let g = generate(model, &tok, &stops, &prompt, &gp, &mut |_| {})?;
+        free_tokens = g.stats.generated_tokens;
+        free.push(rate(g.stats.generated_tokens, g.stats.decode_time));
+    }
+    let mut constrained = Vec::new();
+    let mut grammar_ms = Vec::new();
+    let mut last = (0, ConstraintStats::default(), String::new());
+    let twenty = bench_tools(20);
+    for _ in 0..params.runs {
+        let t = Instant::now();
+        let big = decision_schema(&twenty, &ToolChoice::Auto, &opts)?;
+        engine.constraint(&Grammar::JsonSchema(big))?;
+        grammar_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone()))?;
+        let g = generate_with(model, &tok, &stops, &prompt, &gp, Some(&mut c), &mut |_| {})?;
+        constrained.push(rate(g.stats.generated_tokens, g.stats.decode_time));
+        last = (g.stats.generated_tokens, c.stats().clone(), g.text);
+    }
+    let (constrained_tokens, stats, sample_output) = last;
+    let (mean, p50, p99) = stats.mask_summary();
+    let us = |d: Duration| round2(d.as_secs_f64() * 1e6);
+    let free_med = median(&free);
+    let con_med = median(&constrained);
+    Ok(ConstrainedReport {
+        backend: "reagent",
+        model: model.info().path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+        threads,
+        engine_build_s: round2(engine_build_s),
+        grammar_20_tools_ms: round2(median(&grammar_ms)),
+        free_tokens,
+        free_decode_tok_s_median: round2(free_med),
+        constrained_tokens,
+        constrained_decode_tok_s_median: round2(con_med),
+        constrained_decode_tok_s: constrained.into_iter().map(round2).collect(),
+        ratio: round2(if free_med > 0.0 { con_med / free_med } else { 0.0 }),
+        forced_tokens: stats.forced_tokens,
+        forced_share: round2(stats.forced_share()),
+        mask_mean_us: us(mean),
+        mask_p50_us: us(p50),
+        mask_p99_us: us(p99),
+        sample_output,
+    })
+}

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use reagent::catalog::{self, Catalog, FetchOptions};
-use reagent::{ChatMessage, GenerateParams, LoadOptions, Model, Sampling};
+use reagent::{ChatMessage, GenerateParams, Grammar, GrammarEngine, LanguageModel, LoadOptions, Model, Sampling};
 
 #[derive(Parser)]
 #[command(name = "reagent", version, about = "A local-model agent with in-process GGUF inference")]
@@ -107,6 +107,15 @@ struct GenerateArgs {
     /// Print the rendered prompt to stderr before generating.
     #[arg(long)]
     show_prompt: bool,
+    /// Constrain the output to this JSON schema (a file).
+    #[arg(long, group = "grammar", value_name = "FILE")]
+    json_schema: Option<PathBuf>,
+    /// Constrain the output to this Lark grammar (llguidance dialect; a file).
+    #[arg(long, group = "grammar", value_name = "FILE")]
+    lark: Option<PathBuf>,
+    /// Constrain the whole output to match this regular expression.
+    #[arg(long, group = "grammar", value_name = "RE")]
+    regex: Option<String>,
 }
 
 #[derive(Args)]
@@ -122,6 +131,9 @@ struct BenchArgs {
     /// Print one JSON line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Measure a decision-shaped generation under the decision grammar against the same one unconstrained.
+    #[arg(long)]
+    constrained: bool,
 }
 
 fn main() -> ExitCode {
@@ -165,6 +177,33 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut model = load(&a.model)?;
             let params =
                 reagent::bench::BenchParams { prompt_tokens: a.prompt_tokens, gen_tokens: a.gen_tokens, runs: a.runs };
+            if a.constrained {
+                let r = reagent::bench::run_constrained(&mut model, &params, threads)?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!("model             {} ({} threads)", r.model, r.threads);
+                    println!("unconstrained     {:.1} tok/s ({} tokens)", r.free_decode_tok_s_median, r.free_tokens);
+                    println!(
+                        "constrained       {:.1} tok/s ({} tokens, {} forced = {:.0}%), ratio {:.2}",
+                        r.constrained_decode_tok_s_median,
+                        r.constrained_tokens,
+                        r.forced_tokens,
+                        r.forced_share * 100.0,
+                        r.ratio
+                    );
+                    println!(
+                        "mask              mean {:.0} µs, p50 {:.0} µs, p99 {:.0} µs",
+                        r.mask_mean_us, r.mask_p50_us, r.mask_p99_us
+                    );
+                    println!(
+                        "grammar setup     engine {:.2} s once per model; 20-tool decision grammar {:.1} ms",
+                        r.engine_build_s, r.grammar_20_tools_ms
+                    );
+                    println!("output            {}", r.sample_output);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let r = reagent::bench::run(&mut model, &params, threads)?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
@@ -238,6 +277,15 @@ fn generate(a: GenerateArgs) -> Result<()> {
         bail!("--system needs --chat");
     }
     let sampling = Sampling::from_params(a.temperature, a.top_k, a.top_p)?;
+    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let grammar = if let Some(p) = &a.json_schema {
+        let schema = serde_json::from_str(&read(p)?).with_context(|| format!("{}: not valid JSON", p.display()))?;
+        Some(Grammar::JsonSchema(schema))
+    } else if let Some(p) = &a.lark {
+        Some(Grammar::Lark(read(p)?))
+    } else {
+        a.regex.clone().map(Grammar::Regex)
+    };
     let mut model = load(&a.model)?;
     let tok = model.tokenizer().clone();
     let prompt = if a.chat {
@@ -267,9 +315,14 @@ fn generate(a: GenerateArgs) -> Result<()> {
         ignore_eos: false,
     };
     let stops = model.stop_tokens().to_vec();
+    // Compile the grammar before generating anything, so a bad grammar fails fast and cleanly.
+    let mut constraint = match &grammar {
+        Some(g) => Some(GrammarEngine::new(tok.clone(), model.vocab_size(), &stops)?.constraint(g)?),
+        None => None,
+    };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
-    let out = reagent::generate(&mut model, &tok, &stops, &prompt, &params, &mut |t| {
+    let out = reagent::generate_with(&mut model, &tok, &stops, &prompt, &params, constraint.as_mut(), &mut |t| {
         if write_err.is_none() {
             if let Err(e) = stdout.write_all(t.as_bytes()).and_then(|_| stdout.flush()) {
                 write_err = Some(e);
@@ -291,5 +344,19 @@ fn generate(a: GenerateArgs) -> Result<()> {
         s.decode_tok_s(),
         serde_json::to_string(&out.stop)?
     );
+    if let Some(c) = &constraint {
+        let st = c.stats();
+        let (mean, p50, p99) = st.mask_summary();
+        eprintln!(
+            "[grammar: {} forced tokens ({:.0}%), {} sampled; mask mean {:?}, p50 {:?}, p99 {:?}; complete: {}]",
+            st.forced_tokens,
+            st.forced_share() * 100.0,
+            st.sampled_tokens,
+            mean,
+            p50,
+            p99,
+            matches!(out.stop, reagent::StopReason::GrammarComplete) || c.is_finished()
+        );
+    }
     Ok(())
 }

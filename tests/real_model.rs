@@ -63,3 +63,51 @@ fn rollback_gives_bit_identical_logits_on_real_weights() {
     assert!(rolled.iter().zip(&fresh).all(|(x, y)| x.to_bits() == y.to_bits()));
     assert!(rolled_step.iter().zip(&fresh_step).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
+
+#[test]
+fn constrained_decision_for_a_calculator_question_calls_the_calculator() {
+    use reagent::agent::decision::{decision_instructions, parse_decision};
+    use reagent::{
+        decision_schema, generate_with, Decision, DecisionOptions, Grammar, GrammarEngine, ToolChoice, ToolSpec,
+    };
+    use serde_json::json;
+
+    let mut m = smollm();
+    let tools = [
+        ToolSpec::new(
+            "calculator",
+            "Evaluates an arithmetic expression and returns the number.",
+            json!({"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}),
+        )
+        .unwrap(),
+        ToolSpec::new(
+            "search",
+            "Searches the web for a query.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        )
+        .unwrap(),
+    ];
+    // A 135M model rambles: a short bound on the thought keeps the decision to a few dozen tokens.
+    let opts = DecisionOptions { max_thought_chars: 100, ..DecisionOptions::default() };
+    let schema = decision_schema(&tools, &ToolChoice::Auto, &opts).unwrap();
+    let system = decision_instructions(&tools, &ToolChoice::Auto, &opts);
+    let text = m
+        .chat_template()
+        .render(&[ChatMessage::system(system), ChatMessage::user("What is 37 * 43 + 12?")], true, None)
+        .unwrap();
+    let prompt = m.tokenizer().encode(&text, true).unwrap();
+    let tok = m.tokenizer().clone();
+    let stops = m.stop_tokens().to_vec();
+    let engine = GrammarEngine::new(tok.clone(), m.vocab_size(), &stops).unwrap();
+    let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap();
+    let params = GenerateParams { max_tokens: 300, ..GenerateParams::default() };
+    let g = generate_with(&mut m, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    eprintln!("{}", g.text);
+    match parse_decision(&g.text, &schema).unwrap() {
+        Decision::CallTool { tool, args, .. } => {
+            assert_eq!(tool, "calculator", "{}", g.text);
+            assert!(args["expression"].is_string(), "{}", g.text);
+        }
+        d => panic!("expected a calculator call, got {d:?}"),
+    }
+}

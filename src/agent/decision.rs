@@ -226,6 +226,67 @@ pub fn parse_decision(text: &str, schema: &Value) -> std::result::Result<Decisio
     serde_json::from_value(v).map_err(|e| format!("not a decision: {e}"))
 }
 
+/// The system-prompt text that tells the model its tools and the decision format, with a short example.
+pub fn decision_instructions(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> String {
+    let mut s = String::from(
+        "You are an agent that solves the user's task step by step. At each step reply with ONE JSON object, \
+         nothing else.\n",
+    );
+    if !tools.is_empty() && *choice != ToolChoice::None {
+        s.push_str("\nTools:\n");
+        for t in tools {
+            s.push_str(&format!("- {}: {} Arguments (JSON schema): {}\n", t.name, t.description, t.parameters));
+        }
+        s.push_str(
+            "\nTo call a tool: {\"thought\":\"<your reasoning>\",\"type\":\"call_tool\",\"tool\":\"<tool name>\",\
+             \"args\":{<arguments>}}\n",
+        );
+        if let Some(n) = opts.parallel_calls.filter(|&n| n > 1) {
+            s.push_str(&format!(
+                "To call up to {n} tools at once: {{\"thought\":\"...\",\"type\":\"call_tools\",\"calls\":\
+                 [{{\"tool\":\"<name>\",\"args\":{{...}}}},...]}}\n"
+            ));
+        }
+        s.push_str("The tool's result comes back as an observation; then decide the next step.\n");
+    }
+    if matches!(choice, ToolChoice::Auto | ToolChoice::None) {
+        s.push_str(
+            "When you know the answer: {\"thought\":\"<your reasoning>\",\"type\":\"final_answer\",\
+             \"answer\":\"<the answer>\"}\n",
+        );
+    }
+    if let Some(t) = tools.first().filter(|_| *choice != ToolChoice::None) {
+        let example_args = example_args(&t.parameters);
+        s.push_str(&format!(
+            "\nExample: {{\"thought\":\"I need {} for this.\",\"type\":\"call_tool\",\"tool\":\"{}\",\"args\":{}}}\n",
+            t.name, t.name, example_args
+        ));
+    }
+    s
+}
+
+/// A placeholder argument object for the example: each required property with a value of its type.
+fn example_args(schema: &Value) -> Value {
+    let mut out = Map::new();
+    let required: Vec<&str> =
+        schema["required"].as_array().map(|r| r.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
+    if let Some(props) = schema["properties"].as_object() {
+        for (k, p) in props.iter().filter(|(k, _)| required.contains(&k.as_str())) {
+            let v = match (&p["enum"], p["type"].as_str()) {
+                (Value::Array(e), _) if !e.is_empty() => e[0].clone(),
+                (_, Some("integer")) => json!(1),
+                (_, Some("number")) => json!(1.5),
+                (_, Some("boolean")) => json!(true),
+                (_, Some("array")) => json!([]),
+                (_, Some("object")) => json!({}),
+                _ => json!("..."),
+            };
+            out.insert(k.clone(), v);
+        }
+    }
+    Value::Object(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
