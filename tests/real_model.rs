@@ -87,8 +87,8 @@ fn constrained_decision_for_a_calculator_question_calls_the_calculator() {
         )
         .unwrap(),
     ];
-    // A 135M model rambles: a short bound on the thought keeps the decision to a few dozen tokens.
-    let opts = DecisionOptions { max_thought_chars: 100, ..DecisionOptions::default() };
+    // A 135M model rambles: short bounds on the strings keep the decision to a few dozen tokens.
+    let opts = DecisionOptions { max_thought_chars: 100, max_string_chars: 60, ..DecisionOptions::default() };
     let schema = decision_schema(&tools, &ToolChoice::Auto, &opts).unwrap();
     let system = decision_instructions(&tools, &ToolChoice::Auto, &opts);
     let text = m

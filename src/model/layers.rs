@@ -5,6 +5,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::gguf::GgufFile;
+use super::kernels::{self, BlockType, Q8Block};
 use crate::error::Result;
 
 /// A linear layer over quantized (or f32) weights, with an optional f32 bias.
@@ -49,6 +50,9 @@ impl Linear {
                 let w = q.dequantize(x.device())?;
                 x.broadcast_matmul(&w.t()?)?
             }
+            (QMatMul::QTensor(_), Some(q)) if x.device().is_cpu() && BlockType::of(q.dtype()).is_some() => {
+                block_matvec(q, x)?
+            }
             _ => self.w.forward(x)?,
         };
         Ok(match &self.b {
@@ -56,6 +60,24 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Rows of `x` times a 32-element-block quantized matrix, through reagent's own kernels.
+fn block_matvec(q: &QTensor, x: &Tensor) -> Result<Tensor> {
+    let t = BlockType::of(q.dtype()).expect("checked by the caller");
+    let (n, k) = q.shape().dims2()?;
+    let data = q.data()?;
+    let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let rows = xs.len() / k;
+    let mut y = vec![0f32; rows * n];
+    let mut xq = vec![Q8Block::default(); k / kernels::QK];
+    for (xr, yr) in xs.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+        kernels::quantize_row_q8(xr, &mut xq);
+        kernels::matvec(t, &data, n, &xq, yr);
+    }
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("at least one dimension") = n;
+    Ok(Tensor::from_vec(y, dims, x.device())?)
 }
 
 /// RMS normalisation with a learned scale (GGUF stores Gemma's `1 + w` already folded in).

@@ -7,6 +7,7 @@
 
 pub mod gemma3;
 pub mod gguf;
+pub mod kernels;
 pub(crate) mod layers;
 pub mod llama;
 pub mod tiny;
