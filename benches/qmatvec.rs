@@ -1,9 +1,11 @@
 //! Quantized matrix × vector (decode) and matrix × matrix (prefill) on the CPU, for each quantization type
-//! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536) and Qwen2.5-0.5B (896 → 4864).
+//! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536) and Qwen2.5-0.5B (896 → 4864):
+//! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports) and candle's (`cpu_qmatvec`).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use reagent::model::kernels::{self, BlockType, Q8Block, Tier};
 
 fn random(shape: (usize, usize), seed: u64) -> Tensor {
     let mut s = seed;
@@ -15,6 +17,29 @@ fn random(shape: (usize, usize), seed: u64) -> Tensor {
         })
         .collect();
     Tensor::from_vec(data, shape, &Device::Cpu).unwrap()
+}
+
+fn reagent_kernels(c: &mut Criterion) {
+    let types = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0];
+    for (k, n) in [(576usize, 1536usize), (896, 4864)] {
+        let mut g = c.benchmark_group(format!("cpu_reagent_matvec_{k}x{n}"));
+        g.throughput(Throughput::Elements((k * n) as u64));
+        for ty in types {
+            let t = BlockType::of(ty).unwrap();
+            let q = QTensor::quantize(&random((n, k), 1), ty).unwrap();
+            let w = q.data().unwrap().into_owned();
+            let x = random((1, k), 2).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let mut xq = vec![Q8Block::default(); k / kernels::QK];
+            kernels::quantize_row_q8(&x, &mut xq);
+            let mut y = vec![0f32; n];
+            for tier in Tier::supported() {
+                g.bench_function(BenchmarkId::new(format!("{tier:?}"), format!("{ty:?}")), |b| {
+                    b.iter(|| kernels::matvec_on(tier, t, &w, n, &xq, &mut y))
+                });
+            }
+        }
+        g.finish();
+    }
 }
 
 fn bench(c: &mut Criterion) {
@@ -48,5 +73,5 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, reagent_kernels, bench);
 criterion_main!(benches);

@@ -31,6 +31,8 @@ pub struct BenchReport {
     pub backend: &'static str,
     pub model: String,
     pub threads: usize,
+    /// The CPU kernel tier in use (scalar, avx2, avx_vnni).
+    pub kernels: String,
     pub load_s: f64,
     pub pp_tokens: usize,
     pub pp_tok_s: Vec<f64>,
@@ -107,6 +109,7 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         backend: "reagent",
         model: info.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         threads,
+        kernels: format!("{:?}", crate::model::kernels::Tier::best()),
         load_s: round2(info.load_time.as_secs_f64() * 10.0) / 10.0,
         pp_tokens,
         pp_tok_s_median: round2(median(&pp)),

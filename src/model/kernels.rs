@@ -160,29 +160,59 @@ pub fn row_dot_scalar(t: BlockType, row: &[u8], x: &[Q8Block]) -> f32 {
     row.chunks_exact(t.block_bytes()).zip(x).map(|(b, xb)| block_dot_scalar(t, b, xb)).sum()
 }
 
-/// Whether the AVX2 kernels can run on this CPU.
-pub fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+/// Which implementation of the kernels runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// Portable Rust.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX2 with AVX-VNNI byte dot products.
+    AvxVnni,
+}
+
+impl Tier {
+    /// The best tier this CPU supports (`REAGENT_KERNELS=scalar|avx2` caps it, to compare tiers).
+    pub fn best() -> Tier {
+        static BEST: std::sync::OnceLock<Tier> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let cap = match std::env::var("REAGENT_KERNELS").as_deref() {
+                Ok("scalar") => Tier::Scalar,
+                Ok("avx2") => Tier::Avx2,
+                _ => Tier::AvxVnni,
+            };
+            Tier::supported().into_iter().filter(|&t| t <= cap).max().unwrap_or(Tier::Scalar)
         })
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// Every tier this CPU can run.
+    pub fn supported() -> Vec<Tier> {
+        let mut tiers = vec![Tier::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            tiers.push(Tier::Avx2);
+            if is_x86_feature_detected!("avxvnni") {
+                tiers.push(Tier::AvxVnni);
+            }
+        }
+        tiers
     }
 }
 
 /// `y[r] = W[r] · x` for a `rows × (x.len()*32)` matrix in GGUF block layout, rows split across threads.
 pub fn matvec(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32]) {
+    matvec_on(Tier::best(), t, w, rows, x, y)
+}
+
+/// [`matvec`] on a given tier, which must be one of [`Tier::supported`].
+pub fn matvec_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32]) {
+    assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
     let row_bytes = x.len() * t.block_bytes();
     assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {} blocks", x.len());
     assert_eq!(y.len(), rows);
     // Small matrices are not worth waking the workers for.
     if rows * row_bytes < 64 * 1024 {
-        rows_dot_into(t, w, row_bytes, 0, x, y);
+        rows_dot_into(tier, t, w, row_bytes, 0, x, y);
         return;
     }
     const ROWS_PER_ITEM: usize = 16;
@@ -192,7 +222,7 @@ pub fn matvec(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32])
         let last = rows.min(items.end * ROWS_PER_ITEM);
         // SAFETY: work items cover disjoint row ranges of `y` (`last <= rows == y.len()`).
         let out = unsafe { std::slice::from_raw_parts_mut((y_ptr as *mut f32).add(first), last - first) };
-        rows_dot_into(t, w, row_bytes, first, x, out);
+        rows_dot_into(tier, t, w, row_bytes, first, x, out);
     });
 }
 
@@ -260,29 +290,45 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
     }
 
-    /// `Σ w·qx` of one block as 8 × i32, and the block's weight scale (and minimum, for Q4_1).
+    /// `Σ u·s` over 32 lanes of unsigned × signed bytes, as 8 × i32: one VNNI instruction, or AVX2's
+    /// maddubs (pairs to i16, cannot overflow for |u| ≤ 128, |s| ≤ 127) + madd.
     #[inline(always)]
-    unsafe fn block<const T: u8>(b: *const u8, qx: __m256i) -> (__m256i, f32, f32) {
-        let ones = _mm256_set1_epi16(1);
-        // Signed weights: move their sign onto the activations so maddubs sees |w| (unsigned) × ±qx.
-        let signed =
-            |w: __m256i| _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), ones);
+    unsafe fn dot_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+        }
+    }
+
+    /// `Σ u·qx` of one block as 8 × i32, where `u` are the block's weights as unsigned bytes, with the
+    /// block's scale and its per-block correction `c` such that `Σ w·x = d·d_x·Σ u·qx + c·d_x·Σ qx`:
+    /// the offset of Q4_0 (u − 8) and Q5_0 (u − 16) times `d`, or Q4_1's minimum. Keeping those weights
+    /// unsigned saves the subtraction and two sign instructions per block a signed product would need.
+    #[inline(always)]
+    unsafe fn block<const T: u8, const VNNI: bool>(b: *const u8, qx: __m256i) -> (__m256i, f32, f32) {
+        let d = f16(b);
         match T {
-            Q4_0 => (signed(_mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8))), f16(b), 0.0),
-            Q4_1 => (_mm256_madd_epi16(_mm256_maddubs_epi16(nibbles(b.add(4)), qx), ones), f16(b), f16(b.add(2))),
+            Q4_0 => (dot_us::<VNNI>(nibbles(b.add(2)), qx), d, -8.0 * d),
+            Q4_1 => (dot_us::<VNNI>(nibbles(b.add(4)), qx), d, f16(b.add(2))),
             Q5_0 => {
                 let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
-                let w = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh));
-                (signed(_mm256_sub_epi8(w, _mm256_set1_epi8(16))), f16(b), 0.0)
+                (dot_us::<VNNI>(_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), qx), d, -16.0 * d)
             }
-            _ => (signed(_mm256_loadu_si256(b.add(2) as *const __m256i)), f16(b), 0.0),
+            _ => {
+                // Signed weights: their sign moves onto the activations (`|w| · ±qx`). Measured faster than
+                // offsetting them to unsigned (xor 0x80), which maddubs could not take anyway (255 × 127
+                // pairs overflow i16).
+                let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
+                (dot_us::<VNNI>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), d, 0.0)
+            }
         }
     }
 
     /// Dot products of `R` weight rows (starting at `rows`, `stride` bytes apart) with `x`: the activation
     /// block is loaded once for all rows, and the rows' accumulators are independent chains.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(
+    #[inline(always)]
+    unsafe fn rows_dot_impl<const T: u8, const R: usize, const VNNI: bool>(
         rows: *const u8,
         stride: usize,
         x: &[Q8Block],
@@ -294,11 +340,9 @@ mod avx2 {
             let qx = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
             let sx = xb.d * xb.sum as f32;
             for r in 0..R {
-                let (p, d, m) = block::<T>(rows.add(r * stride + i * bb), qx);
+                let (p, d, c) = block::<T, VNNI>(rows.add(r * stride + i * bb), qx);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb.d), acc[r]);
-                if T == Q4_1 {
-                    mins[r] += m * sx;
-                }
+                mins[r] += c * sx;
             }
         }
         let mut out = [0f32; R];
@@ -307,36 +351,59 @@ mod avx2 {
         }
         out
     }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(
+        rows: *const u8,
+        stride: usize,
+        x: &[Q8Block],
+    ) -> [f32; R] {
+        rows_dot_impl::<T, R, false>(rows, stride, x)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub(super) unsafe fn rows_dot_vnni<const T: u8, const R: usize>(
+        rows: *const u8,
+        stride: usize,
+        x: &[Q8Block],
+    ) -> [f32; R] {
+        rows_dot_impl::<T, R, true>(rows, stride, x)
+    }
 }
 
 /// `out[i] = W[first + i] · x` for consecutive rows, on the best kernel available.
-fn rows_dot_into(t: BlockType, w: &[u8], row_bytes: usize, first: usize, x: &[Q8Block], out: &mut [f32]) {
+fn rows_dot_into(tier: Tier, t: BlockType, w: &[u8], row_bytes: usize, first: usize, x: &[Q8Block], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
+    if tier != Tier::Scalar {
         use avx2::*;
         let n = out.len();
         assert!((first + n) * row_bytes <= w.len());
         let mut r = 0;
-        // SAFETY: AVX2/FMA/F16C are present (checked above) and every row read lies inside `w` (asserted).
+        // SAFETY: the tier's CPU features are present (`matvec_on` checks) and every row read lies inside
+        // `w` (asserted).
         unsafe {
             let base = w.as_ptr().add(first * row_bytes);
             macro_rules! run {
-                ($code:expr) => {{
+                ($f:ident, $code:expr) => {{
                     while r + 4 <= n {
-                        out[r..r + 4].copy_from_slice(&rows_dot::<{ $code }, 4>(base.add(r * row_bytes), row_bytes, x));
+                        out[r..r + 4].copy_from_slice(&$f::<{ $code }, 4>(base.add(r * row_bytes), row_bytes, x));
                         r += 4;
                     }
                     while r < n {
-                        out[r] = rows_dot::<{ $code }, 1>(base.add(r * row_bytes), row_bytes, x)[0];
+                        out[r] = $f::<{ $code }, 1>(base.add(r * row_bytes), row_bytes, x)[0];
                         r += 1;
                     }
                 }};
             }
-            match code(t) {
-                Q4_0 => run!(Q4_0),
-                Q4_1 => run!(Q4_1),
-                Q5_0 => run!(Q5_0),
-                _ => run!(Q8_0),
+            match (code(t), tier == Tier::AvxVnni) {
+                (Q4_0, false) => run!(rows_dot, Q4_0),
+                (Q4_1, false) => run!(rows_dot, Q4_1),
+                (Q5_0, false) => run!(rows_dot, Q5_0),
+                (_, false) => run!(rows_dot, Q8_0),
+                (Q4_0, true) => run!(rows_dot_vnni, Q4_0),
+                (Q4_1, true) => run!(rows_dot_vnni, Q4_1),
+                (Q5_0, true) => run!(rows_dot_vnni, Q5_0),
+                (_, true) => run!(rows_dot_vnni, Q8_0),
             }
         }
         return;
@@ -399,13 +466,25 @@ mod tests {
                 let mut xq = vec![Q8Block::default(); cols / QK];
                 quantize_row_q8(&x, &mut xq);
                 let row_bytes = w.len() / rows;
-                let mut y = vec![0f32; rows];
-                matvec(t, &w, rows, &xq, &mut y);
+                let ys: Vec<(Tier, Vec<f32>)> = Tier::supported()
+                    .into_iter()
+                    .map(|tier| {
+                        let mut y = vec![0f32; rows];
+                        matvec_on(tier, t, &w, rows, &xq, &mut y);
+                        (tier, y)
+                    })
+                    .collect();
                 for r in 0..rows {
                     let row = &w[r * row_bytes..(r + 1) * row_bytes];
                     let scalar = row_dot_scalar(t, row, &xq);
-                    // Same integer sums, different float summation order.
-                    assert!((y[r] - scalar).abs() <= 1e-4 * (1.0 + scalar.abs()), "{ty:?} {rows}x{cols} row {r}");
+                    for (tier, y) in &ys {
+                        // Same integer sums, different float summation order.
+                        assert!(
+                            (y[r] - scalar).abs() <= 1e-4 * (1.0 + scalar.abs()),
+                            "{tier:?} {ty:?} {rows}x{cols} row {r}: {} vs {scalar}",
+                            y[r]
+                        );
+                    }
                     // Against f32: the only difference is the 8-bit rounding of x (≤ d_x/2 per element).
                     let exact: f32 = deq[r * cols..(r + 1) * cols].iter().zip(&x).map(|(a, b)| a * b).sum();
                     let bound: f32 = deq[r * cols..(r + 1) * cols]
