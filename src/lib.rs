@@ -44,6 +44,7 @@ pub mod text;
 pub mod tools;
 
 pub use agent::decision::{decision_schema, Decision, DecisionOptions, ToolCall, ToolChoice};
+pub use agent::{Agent, AgentConfig, Transcript};
 pub use decode::constraint::{Constraint, ConstraintStats, Grammar, GrammarEngine};
 pub use decode::generate::{generate, generate_with, GenerateParams, Generation, GenerationStats, StopReason};
 pub use decode::sampler::{Sampler, Sampling};
@@ -51,4 +52,4 @@ pub use error::{Error, Result};
 pub use model::{LanguageModel, LoadOptions, Model};
 pub use text::chat::{ChatMessage, ChatTemplate, Role};
 pub use text::tokenizer::Tokenizer;
-pub use tools::ToolSpec;
+pub use tools::{Tool, ToolSpec};

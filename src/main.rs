@@ -35,6 +35,71 @@ enum Cmd {
     Generate(GenerateArgs),
     /// Measure prefill and decode throughput.
     Bench(BenchArgs),
+    /// Run an agent task: decisions under the tool grammar, tool calls, observations, a final answer.
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The task.
+    task: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A tools file (TOML or JSON) mapping tools to external programs (repeatable).
+    #[arg(long, value_name = "FILE")]
+    tools: Vec<PathBuf>,
+    /// The directory read_file / list_dir / write_file are confined to.
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
+    /// Offer the write_file tool.
+    #[arg(long)]
+    allow_write: bool,
+    /// Offer only these built-in tools (repeatable; default: calculator, current_time, read_file, list_dir,
+    /// and write_file with --allow-write). `--builtin none` offers none.
+    #[arg(long, value_name = "NAME")]
+    builtin: Vec<String>,
+    /// auto, required, none, or a tool name.
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
+    #[arg(long, default_value_t = 8)]
+    max_steps: usize,
+    #[arg(long, default_value_t = 2)]
+    max_retries: usize,
+    /// Allow up to N tool calls in one decision.
+    #[arg(long)]
+    parallel_calls: Option<usize>,
+    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
+    #[arg(long)]
+    no_grammar: bool,
+    /// Ask before each tool call.
+    #[arg(long)]
+    confirm: bool,
+    /// Print the events as JSON lines instead of the readable display.
+    #[arg(long)]
+    json: bool,
+    /// Write every event and the final transcript to this file as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Token limit of one decision.
+    #[arg(long, default_value_t = 512)]
+    max_decision_tokens: usize,
+    /// Maximum characters of a decision's thought (small models ramble).
+    #[arg(long, default_value_t = 300)]
+    max_thought_chars: usize,
+    /// Maximum characters of the answer and of string arguments without their own maxLength.
+    #[arg(long, default_value_t = 1000)]
+    max_string_chars: usize,
+    /// Tool call timeout in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    tool_timeout: f64,
+    /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
+    #[arg(long)]
+    no_prefix_reuse: bool,
 }
 
 #[derive(Subcommand)]
@@ -173,6 +238,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             println!("{}", serde_json::to_string(&ids)?);
         }
         Cmd::Generate(a) => generate(a)?,
+        Cmd::Run(a) => return run_agent(a),
         Cmd::Bench(a) => {
             let mut model = load(&a.model)?;
             let params =
@@ -359,4 +425,143 @@ fn generate(a: GenerateArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Asks on the terminal before each call.
+struct Confirm;
+
+impl reagent::tools::Interceptor for Confirm {
+    fn before(&mut self, call: &mut reagent::ToolCall) -> reagent::tools::InterceptorAction {
+        eprint!("run {} {}? [y/N] ", call.tool, call.args);
+        let mut line = String::new();
+        let yes = std::io::stdin().read_line(&mut line).is_ok() && line.trim().eq_ignore_ascii_case("y");
+        if yes {
+            reagent::tools::InterceptorAction::Continue
+        } else {
+            reagent::tools::InterceptorAction::Block("the user declined this call".into())
+        }
+    }
+}
+
+/// The readable display of a run's events (colour on a terminal).
+fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
+    use reagent::agent::AgentEvent::*;
+    let paint = |code: &str, s: String| if colour { format!("\x1b[{code}m{s}\x1b[0m") } else { s };
+    let line = match e {
+        RunStarted { tools, driver, .. } => paint("2", format!("[{driver} decisions; tools: {}]", tools.join(", "))),
+        StepStarted { .. } => return,
+        DecisionExtracted { step, decision, stats } => {
+            let mut s = paint("36", format!("{step}. thought: {}", decision.thought()));
+            s.push_str(&paint(
+                "2",
+                format!(
+                    "  [{} tokens, {} forced; prompt {} ({} reused); {:.1} s]",
+                    stats.generated_tokens,
+                    stats.forced_tokens,
+                    stats.prompt_tokens,
+                    stats.reused_tokens,
+                    stats.seconds
+                ),
+            ));
+            s
+        }
+        ExtractionFailed { step, attempt, error, .. } => {
+            paint("33", format!("{step}. attempt {attempt}: no decision: {error}"))
+        }
+        ValidationFailed { step, attempt, error, .. } => {
+            paint("33", format!("{step}. attempt {attempt}: rejected: {error}"))
+        }
+        ToolCallStarted { call, .. } => paint("35", format!("   → {} {}", call.tool, call.args)),
+        ToolCallCompleted { outcome, seconds, .. } => {
+            let obs = outcome.observation();
+            let short: String = obs.chars().take(400).collect();
+            let more = if short.len() < obs.len() { " …" } else { "" };
+            paint("2", format!("   ← {short}{more} ({seconds:.2} s)"))
+        }
+        ToolCallBlocked { call, reason, .. } => paint("33", format!("   ✗ {} blocked: {reason}", call.tool)),
+        FinalAnswer { answer, .. } => paint("1;32", format!("answer: {answer}")),
+        RunFailed { reason } => paint("31", format!("stopped: {reason}")),
+    };
+    eprintln!("{line}");
+}
+
+fn run_agent(a: RunArgs) -> Result<ExitCode> {
+    use reagent::agent::{Agent, AgentConfig, AgentEvent, ModelDriver};
+    use reagent::tools::{builtin_tools, load_tools_file, BuiltinOptions};
+    use std::io::IsTerminal;
+
+    let sampling = Sampling::from_params(a.temperature, None, None)?;
+    let tool_choice: reagent::ToolChoice = a.tool_choice.parse()?;
+    if a.tool_timeout <= 0.0 || !a.tool_timeout.is_finite() {
+        bail!("--tool-timeout must be a positive number of seconds");
+    }
+    let mut tools =
+        builtin_tools(&BuiltinOptions { root: a.root.clone(), allow_write: a.allow_write, ..Default::default() })?;
+    if !a.builtin.is_empty() {
+        let known: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+        if let Some(bad) = a.builtin.iter().find(|b| *b != "none" && !known.contains(b)) {
+            bail!("--builtin {bad}: no such built-in tool (built-ins: {}, none)", known.join(", "));
+        }
+        tools.retain(|t| a.builtin.contains(&t.spec().name));
+    }
+    for f in &a.tools {
+        tools.extend(load_tools_file(f)?);
+    }
+    let mut trace = match &a.trace {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let model = load(&a.model)?;
+    let mut driver = if a.no_grammar {
+        ModelDriver::free_form(model, sampling, a.seed)
+    } else {
+        ModelDriver::constrained(model, sampling, a.seed)?
+    };
+    if a.no_prefix_reuse {
+        driver = driver.without_prefix_reuse();
+    }
+    let config = AgentConfig {
+        tool_choice,
+        max_steps: a.max_steps,
+        max_retries: a.max_retries,
+        decision: reagent::DecisionOptions {
+            parallel_calls: a.parallel_calls,
+            max_thought_chars: a.max_thought_chars,
+            max_string_chars: a.max_string_chars,
+            ..Default::default()
+        },
+        max_decision_tokens: a.max_decision_tokens,
+        tool_timeout: std::time::Duration::from_secs_f64(a.tool_timeout),
+        ..AgentConfig::default()
+    };
+    let (json, colour) = (a.json, std::io::stderr().is_terminal());
+    let (tx, rx) = std::sync::mpsc::channel::<AgentEvent>();
+    let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
+        let _ = tx.send(e.clone());
+        if json {
+            println!("{}", serde_json::to_string(e).unwrap_or_default());
+        } else {
+            show_event(e, colour);
+        }
+    });
+    if a.confirm {
+        builder = builder.interceptor(Confirm);
+    }
+    let mut agent = builder.build()?;
+    let transcript = agent.run(&a.task)?;
+    if let Some(t) = &mut trace {
+        for e in rx.try_iter() {
+            writeln!(t, "{}", serde_json::to_string(&e)?)?;
+        }
+        writeln!(t, "{}", serde_json::to_string(&serde_json::json!({ "transcript": transcript }))?)?;
+        t.flush()?;
+    }
+    if !json {
+        if let Some(answer) = &transcript.final_answer {
+            println!("{answer}");
+        }
+    }
+    Ok(if transcript.final_answer.is_some() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

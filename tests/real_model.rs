@@ -89,8 +89,9 @@ fn constrained_decision_for_a_calculator_question_calls_the_calculator() {
     ];
     // A 135M model rambles: short bounds on the strings keep the decision to a few dozen tokens.
     let opts = DecisionOptions { max_thought_chars: 100, max_string_chars: 60, ..DecisionOptions::default() };
-    let schema = decision_schema(&tools, &ToolChoice::Auto, &opts).unwrap();
-    let system = decision_instructions(&tools, &ToolChoice::Auto, &opts);
+    // `required`: the grammar demands a call; choosing the calculator over search is the model's job.
+    let schema = decision_schema(&tools, &ToolChoice::Required, &opts).unwrap();
+    let system = decision_instructions(&tools, &ToolChoice::Required, &opts);
     let text = m
         .chat_template()
         .render(&[ChatMessage::system(system), ChatMessage::user("What is 37 * 43 + 12?")], true, None)
@@ -110,4 +111,40 @@ fn constrained_decision_for_a_calculator_question_calls_the_calculator() {
         }
         d => panic!("expected a calculator call, got {d:?}"),
     }
+}
+
+#[test]
+fn an_agent_run_on_smollm2_terminates_with_only_valid_decisions() {
+    use reagent::agent::{Agent, AgentConfig, AgentEvent, ModelDriver, StopReason};
+    use reagent::tools::{builtin_tools, BuiltinOptions};
+    use std::sync::{Arc, Mutex};
+
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("notes.txt"), "The meeting is on Tuesday.").unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let mut agent = Agent::builder()
+        .driver(ModelDriver::constrained(smollm(), reagent::Sampling::Greedy, 0).unwrap())
+        .tools(builtin_tools(&BuiltinOptions { root: root.path().into(), ..Default::default() }).unwrap())
+        .config(AgentConfig {
+            max_steps: 4,
+            decision: reagent::DecisionOptions { max_thought_chars: 100, max_string_chars: 60, ..Default::default() },
+            max_decision_tokens: 200,
+            ..AgentConfig::default()
+        })
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = agent.run("What day is the meeting? The notes are in notes.txt.").unwrap();
+    assert!(matches!(t.stop_reason, StopReason::FinalAnswer | StopReason::MaxSteps { .. }), "{:?}", t.stop_reason);
+    assert!(t.steps.len() <= 4);
+    let failures = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ExtractionFailed { .. } | AgentEvent::ValidationFailed { .. }))
+        .count();
+    assert_eq!(failures, 0, "constrained decisions are valid by construction: {:?}", t.steps);
+    // Every step after the first reused the KV cache of the previous one.
+    assert!(t.steps.iter().skip(1).all(|s| s.stats.reused_tokens > 0), "{:?}", t.steps);
 }

@@ -255,12 +255,21 @@ pub fn decision_instructions(tools: &[ToolSpec], choice: &ToolChoice, opts: &Dec
              \"answer\":\"<the answer>\"}\n",
         );
     }
+    s.push_str("Never repeat a call you already made: use its observation. As soon as the observations answer the task, give the final answer.\n");
     if let Some(t) = tools.first().filter(|_| *choice != ToolChoice::None) {
-        let example_args = example_args(&t.parameters);
+        let args = example_args(&t.parameters);
         s.push_str(&format!(
-            "\nExample: {{\"thought\":\"I need {} for this.\",\"type\":\"call_tool\",\"tool\":\"{}\",\"args\":{}}}\n",
-            t.name, t.name, example_args
+            "\nExample of a whole exchange (the values are placeholders):\n\
+             User: <task>\n\
+             You: {{\"thought\":\"<why {name} helps>\",\"type\":\"call_tool\",\"tool\":\"{name}\",\"args\":{args}}}\n\
+             User: Observation: <result of {name}>\n",
+            name = t.name,
         ));
+        if matches!(choice, ToolChoice::Auto) {
+            s.push_str(
+                "You: {\"thought\":\"<how the result answers the task>\",\"type\":\"final_answer\",\"answer\":\"<answer>\"}\n",
+            );
+        }
     }
     s
 }

@@ -1,4 +1,431 @@
-//! The agent: ReAct decisions and (to come) the step loop. Talks to a model only through
-//! [`LanguageModel`](crate::LanguageModel).
+//! The ReAct agent: each step one decision from a [`Driver`] → checked → executed → observation, until a
+//! final answer, the step limit, or a budget runs out. Talks to a model only through the driver.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use reagent::agent::{Agent, ModelDriver};
+//! use reagent::tools::{builtin_tools, BuiltinOptions};
+//! use reagent::{catalog, LoadOptions, Model, Sampling, ToolChoice};
+//!
+//! # fn main() -> reagent::Result<()> {
+//! let path = catalog::resolve(&catalog::Catalog::builtin(), "qwen2.5-coder-0.5b", true, &Default::default())?;
+//! let model = Model::load(&path, &LoadOptions::default())?;
+//! let mut agent = Agent::builder()
+//!     .driver(ModelDriver::constrained(model, Sampling::Greedy, 0)?)
+//!     .tools(builtin_tools(&BuiltinOptions::default())?)
+//!     .tool_choice(ToolChoice::Auto)
+//!     .max_steps(8)
+//!     .build()?;
+//! let transcript = agent.run("What is 37 * 43 + 12?")?;
+//! println!("{:?}", transcript.final_answer);
+//! # Ok(()) }
+//! ```
 
 pub mod decision;
+pub mod driver;
+pub mod events;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub use decision::{Decision, DecisionOptions, ToolCall, ToolChoice};
+pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
+pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
+
+use crate::error::{Error, Result};
+use crate::text::chat::{ChatMessage, Role};
+use crate::tools::{CallOutcome, Executor, Interceptor, Tool, ToolSet};
+
+/// Settings of a run.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub tool_choice: ToolChoice,
+    /// Decisions before the run stops without an answer.
+    pub max_steps: usize,
+    /// Extra attempts per step after an extraction or validation failure.
+    pub max_retries: usize,
+    pub decision: DecisionOptions,
+    /// Token limit of one decision.
+    pub max_decision_tokens: usize,
+    /// The n-th identical consecutive call (same tool, same arguments) is not run: the model gets the
+    /// earlier result again and, under `auto`, the next decision must be the final answer.
+    pub repeat_limit: usize,
+    /// Total generated tokens allowed in a run.
+    pub token_budget: Option<usize>,
+    /// Per-call timeout of tools.
+    pub tool_timeout: Duration,
+    /// Text added to the system prompt after the decision instructions.
+    pub system_prompt: Option<String>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            tool_choice: ToolChoice::Auto,
+            max_steps: 8,
+            max_retries: 2,
+            decision: DecisionOptions::default(),
+            max_decision_tokens: 512,
+            repeat_limit: 2,
+            token_budget: None,
+            tool_timeout: Duration::from_secs(30),
+            system_prompt: None,
+        }
+    }
+}
+
+/// Builds an [`Agent`].
+#[derive(Default)]
+pub struct AgentBuilder {
+    driver: Option<Box<dyn Driver>>,
+    tools: Vec<Arc<dyn Tool>>,
+    config: AgentConfig,
+    interceptors: Vec<Box<dyn Interceptor>>,
+    sink: Option<Box<dyn EventSink>>,
+}
+
+impl AgentBuilder {
+    /// The decision driver (a [`ModelDriver`] or a [`ScriptedDriver`]).
+    pub fn driver(mut self, d: impl Driver + 'static) -> Self {
+        self.driver = Some(Box::new(d));
+        self
+    }
+    /// A constrained driver over `model` with greedy decoding.
+    pub fn model(self, model: crate::Model) -> Result<Self> {
+        Ok(self.driver(ModelDriver::constrained(model, crate::Sampling::Greedy, 0)?))
+    }
+    pub fn tool(mut self, t: impl Tool + 'static) -> Self {
+        self.tools.push(Arc::new(t));
+        self
+    }
+    pub fn tools(mut self, ts: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
+        self.tools.extend(ts);
+        self
+    }
+    pub fn tool_choice(mut self, c: ToolChoice) -> Self {
+        self.config.tool_choice = c;
+        self
+    }
+    pub fn max_steps(mut self, n: usize) -> Self {
+        self.config.max_steps = n;
+        self
+    }
+    pub fn max_retries(mut self, n: usize) -> Self {
+        self.config.max_retries = n;
+        self
+    }
+    pub fn config(mut self, c: AgentConfig) -> Self {
+        self.config = c;
+        self
+    }
+    pub fn interceptor(mut self, i: impl Interceptor + 'static) -> Self {
+        self.interceptors.push(Box::new(i));
+        self
+    }
+    /// Where events go as they happen.
+    pub fn events(mut self, sink: impl EventSink + 'static) -> Self {
+        self.sink = Some(Box::new(sink));
+        self
+    }
+
+    pub fn build(self) -> Result<Agent> {
+        let driver = self.driver.ok_or_else(|| Error::InvalidArgument("an agent needs a driver or a model".into()))?;
+        if self.config.max_steps == 0 {
+            return Err(Error::InvalidArgument("max steps must be at least 1".into()));
+        }
+        let mut set = ToolSet::default();
+        for t in self.tools {
+            set.add(t)?;
+        }
+        // Fails now, not mid-run, on an unknown tool choice or a bad tool set.
+        decision::decision_schema(&set.specs(), &self.config.tool_choice, &self.config.decision)?;
+        let mut executor = Executor::new(set, self.config.tool_timeout);
+        for i in self.interceptors {
+            executor.intercept(i);
+        }
+        Ok(Agent { driver, executor, config: self.config, sink: self.sink })
+    }
+}
+
+/// A ReAct agent.
+pub struct Agent {
+    driver: Box<dyn Driver>,
+    executor: Executor,
+    config: AgentConfig,
+    sink: Option<Box<dyn EventSink>>,
+}
+
+/// What one step's attempts produced.
+enum Attempt {
+    Decided { decision: Decision, text: String, stats: DecisionStats, retries: usize },
+    Stop(StopReason),
+}
+
+impl Agent {
+    pub fn builder() -> AgentBuilder {
+        AgentBuilder::default()
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AgentConfig {
+        &self.config
+    }
+
+    fn emit(&mut self, e: AgentEvent) {
+        if let Some(s) = &mut self.sink {
+            s.on_event(&e);
+        }
+    }
+
+    /// Runs `task` to a final answer or a stop reason. Errors are only for failures outside the run's
+    /// control (the driver's model failing); everything else ends in the transcript's stop reason.
+    pub fn run(&mut self, task: &str) -> Result<Transcript> {
+        let t0 = Instant::now();
+        let specs = self.executor.tools().specs();
+        let mut system = decision::decision_instructions(&specs, &self.config.tool_choice, &self.config.decision);
+        if let Some(extra) = &self.config.system_prompt {
+            system.push('\n');
+            system.push_str(extra);
+        }
+        let schema = decision::decision_schema(&specs, &self.config.tool_choice, &self.config.decision)?;
+        // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
+        let answer_only = decision::decision_schema(&specs, &ToolChoice::None, &self.config.decision)?;
+        let mut force_answer = false;
+        let observation_role = self.driver.observation_role();
+        let mut messages = vec![ChatMessage::system(system), ChatMessage::user(task)];
+        let names = specs.iter().map(|s| s.name.clone()).collect();
+        self.emit(AgentEvent::RunStarted { task: task.into(), tools: names, driver: self.driver.name().into() });
+        let mut steps: Vec<Step> = Vec::new();
+        let mut stats = RunStats::default();
+        let mut recent: Vec<(ToolCall, CallOutcome)> = Vec::new();
+        let stop = 'run: loop {
+            if steps.len() >= self.config.max_steps {
+                break StopReason::MaxSteps { steps: steps.len() };
+            }
+            let step_no = steps.len() + 1;
+            let step_schema = if force_answer { &answer_only } else { &schema };
+            let (decision, text, dstats, retries) =
+                match self.attempt(step_no, &mut messages, step_schema, &mut stats)? {
+                    Attempt::Decided { decision, text, stats, retries } => (decision, text, stats, retries),
+                    Attempt::Stop(s) => break s,
+                };
+            self.emit(AgentEvent::DecisionExtracted {
+                step: step_no,
+                decision: decision.clone(),
+                stats: dstats.clone(),
+            });
+            messages.push(ChatMessage::assistant(text));
+            let mut step =
+                Step { decision: decision.clone(), calls: Vec::new(), observation: None, retries, stats: dstats };
+            if let Decision::FinalAnswer { answer, .. } = &decision {
+                self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
+                steps.push(step);
+                break 'run StopReason::FinalAnswer;
+            }
+            let mut observations = Vec::new();
+            for call in decision.calls() {
+                let (call, outcome) = self.call(step_no, call, &mut recent);
+                if matches!(outcome, CallOutcome::Repeated { .. }) {
+                    force_answer = self.config.tool_choice == ToolChoice::Auto;
+                }
+                observations.push(format!("{} {} returned: {}", call.tool, call.args, outcome.observation()));
+                step.calls.push(CallRecord { call, outcome });
+            }
+            // Naming the call next to its result lets small models connect the two.
+            let next = match self.config.tool_choice {
+                ToolChoice::Auto => "\nIf this answers the task, give the final answer now.",
+                _ => "",
+            };
+            let observation = format!("Observation: {}{next}", observations.join("\n"));
+            messages.push(ChatMessage::new(observation_role, observation.clone()));
+            step.observation = Some(observation);
+            steps.push(step);
+        };
+        if stop != StopReason::FinalAnswer {
+            self.emit(AgentEvent::RunFailed { reason: stop.clone() });
+        }
+        stats.decisions = steps.len();
+        stats.seconds = t0.elapsed().as_secs_f64();
+        let final_answer = match steps.last().map(|s| &s.decision) {
+            Some(Decision::FinalAnswer { answer, .. }) if stop == StopReason::FinalAnswer => Some(answer.clone()),
+            _ => None,
+        };
+        Ok(Transcript { task: task.into(), steps, final_answer, stop_reason: stop, stats })
+    }
+
+    /// Gets one valid decision, retrying extraction and validation failures with the error fed back.
+    fn attempt(
+        &mut self,
+        step: usize,
+        messages: &mut [ChatMessage],
+        schema: &Value,
+        stats: &mut RunStats,
+    ) -> Result<Attempt> {
+        let mut feedback: Option<String> = None;
+        let mut last_error = String::new();
+        for attempt in 0..=self.config.max_retries {
+            self.emit(AgentEvent::StepStarted { step, attempt });
+            // The failed output is not kept; the retry sees the conversation plus what was wrong.
+            let mut request_messages = messages.to_vec();
+            if let Some(f) = &feedback {
+                request_messages.push(ChatMessage::user(f.clone()));
+            }
+            if let Some(stop) = self.fit_context(messages, &mut request_messages)? {
+                return Ok(Attempt::Stop(stop));
+            }
+            let req =
+                DecisionRequest { messages: &request_messages, schema, max_tokens: self.config.max_decision_tokens };
+            let out = match self.driver.decide(&req) {
+                Ok(o) => o,
+                Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
+            };
+            stats.prompt_tokens += out.stats.prompt_tokens;
+            stats.reused_tokens += out.stats.reused_tokens;
+            stats.generated_tokens += out.stats.generated_tokens;
+            if let Some(budget) = self.config.token_budget.filter(|&b| stats.generated_tokens > b) {
+                return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
+            }
+            let error = match self.check(&out, schema) {
+                Ok(decision) => {
+                    let text = serde_json::to_string(&decision_value(&out.text))?;
+                    return Ok(Attempt::Decided { decision, text, stats: out.stats, retries: attempt });
+                }
+                Err(Failure::Extraction(error)) => {
+                    self.emit(AgentEvent::ExtractionFailed {
+                        step,
+                        attempt,
+                        error: error.clone(),
+                        output: out.text.clone(),
+                        stats: out.stats.clone(),
+                    });
+                    error
+                }
+                Err(Failure::Validation(error, decision)) => {
+                    self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
+                    error
+                }
+            };
+            stats.retries += 1;
+            self.driver.rollback();
+            feedback = Some(format!(
+                "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
+            ));
+            last_error = error;
+        }
+        stats.retries -= 1; // the last failure was not followed by a retry
+        Ok(Attempt::Stop(StopReason::RetriesExhausted { step, last_error }))
+    }
+
+    /// Extraction (a complete JSON object) and validation (the decision schema, known tools, the tools'
+    /// argument schemas and validators).
+    fn check(&self, out: &DriverOutput, schema: &Value) -> std::result::Result<Decision, Failure> {
+        if !out.complete {
+            return Err(Failure::Extraction(format!(
+                "the reply ended before the decision was complete ({} tokens)",
+                out.stats.generated_tokens
+            )));
+        }
+        let v = driver::extract_json(&out.text)
+            .ok_or_else(|| Failure::Extraction("the reply contains no JSON object".into()))?;
+        // Calls first: a wrong tool or argument gets a precise message rather than "matches no
+        // alternative of the decision schema".
+        let calls: Vec<&Value> = match v.get("calls").and_then(|c| c.as_array()) {
+            Some(cs) => cs.iter().collect(),
+            None if v.get("tool").is_some() => vec![&v],
+            None => Vec::new(),
+        };
+        for c in calls {
+            let Some(tool) = c.get("tool").and_then(|t| t.as_str()) else { continue };
+            let call = ToolCall { tool: tool.to_string(), args: c.get("args").cloned().unwrap_or(Value::Null) };
+            if let Err(outcome) = self.executor.check(&call) {
+                let msg = outcome.observation();
+                return Err(Failure::Validation(format!("{} (tool `{tool}`)", msg.trim_start_matches("Error: ")), v));
+            }
+        }
+        let decision = decision::parse_decision(&v.to_string(), schema).map_err(|e| Failure::Validation(e, v))?;
+        Ok(decision)
+    }
+
+    /// Executes one call, unless it repeats the previous ones too often. Returns the call as made
+    /// (interceptors may change it) and its outcome.
+    fn call(
+        &mut self,
+        step: usize,
+        call: ToolCall,
+        recent: &mut Vec<(ToolCall, CallOutcome)>,
+    ) -> (ToolCall, CallOutcome) {
+        if recent.last().is_some_and(|(c, _)| c != &call) {
+            recent.clear();
+        }
+        if recent.len() + 1 >= self.config.repeat_limit.max(1) {
+            if let Some((_, first)) = recent.first() {
+                let output = match first {
+                    CallOutcome::Repeated { output, .. } => output.clone(),
+                    other => other.observation(),
+                };
+                let outcome = CallOutcome::Repeated { output, times: recent.len() };
+                let reason = format!("repeats the previous call ({} time(s) already)", recent.len());
+                recent.push((call.clone(), outcome.clone()));
+                self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason });
+                return (call, outcome);
+            }
+        }
+        self.emit(AgentEvent::ToolCallStarted { step, call: call.clone() });
+        let t = Instant::now();
+        let (call, outcome) = self.executor.execute(call);
+        match &outcome {
+            CallOutcome::Blocked { reason } => {
+                self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason: reason.clone() })
+            }
+            _ => self.emit(AgentEvent::ToolCallCompleted {
+                step,
+                call: call.clone(),
+                outcome: outcome.clone(),
+                seconds: t.elapsed().as_secs_f64(),
+            }),
+        }
+        recent.push((call.clone(), outcome.clone()));
+        (call, outcome)
+    }
+
+    /// Makes the request fit the context with room for a decision: shortens the oldest observations
+    /// first (in the kept conversation too); `Some(stop)` when even that is not enough.
+    fn fit_context(&mut self, kept: &mut [ChatMessage], request: &mut [ChatMessage]) -> Result<Option<StopReason>> {
+        const SHORT: usize = 200;
+        loop {
+            let Some((needed, capacity)) = self.driver.measure(request)? else { return Ok(None) };
+            let needed = needed + self.config.max_decision_tokens;
+            if needed <= capacity {
+                return Ok(None);
+            }
+            // The oldest observation that is still long.
+            let victim = (2..kept.len()).find(|&i| {
+                matches!(kept[i].role, Role::User | Role::Tool)
+                    && kept[i].content.starts_with("Observation")
+                    && kept[i].content.len() > SHORT + 40
+            });
+            let Some(i) = victim else {
+                return Ok(Some(StopReason::ContextOverflow { needed, capacity }));
+            };
+            let mut cut = SHORT;
+            while !kept[i].content.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let short = format!("{} [... shortened to fit the context]", &kept[i].content[..cut]);
+            kept[i].content = short.clone();
+            request[i].content = short;
+        }
+    }
+}
+
+enum Failure {
+    Extraction(String),
+    Validation(String, Value),
+}
+
+/// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).
+fn decision_value(text: &str) -> Value {
+    driver::extract_json(text).unwrap_or(Value::Null)
+}

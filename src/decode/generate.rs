@@ -52,6 +52,8 @@ pub enum StopReason {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
+    /// Prompt tokens that were already in the KV cache (not recomputed).
+    pub cached_tokens: usize,
     #[serde(with = "secs")]
     pub prefill_time: Duration,
     pub generated_tokens: usize,
@@ -67,7 +69,7 @@ mod secs {
 
 impl GenerationStats {
     pub fn prefill_tok_s(&self) -> f64 {
-        rate(self.prompt_tokens, self.prefill_time)
+        rate(self.prompt_tokens - self.cached_tokens, self.prefill_time)
     }
     /// Generated tokens per second of decode time (the first token comes from the prefill logits).
     pub fn decode_tok_s(&self) -> f64 {
@@ -126,6 +128,23 @@ pub fn generate_with(
     stop_tokens: &[u32],
     prompt: &[u32],
     params: &GenerateParams,
+    constraint: Option<&mut Constraint>,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Generation> {
+    generate_continuing(model, tok, stop_tokens, prompt, 0, params, constraint, on_text)
+}
+
+/// [`generate_with`] when the model's KV cache already holds `prompt[..cached]` (a prefix kept from an
+/// earlier call): only the rest of the prompt is computed. At least the last prompt token is always run,
+/// since its logits start the generation.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_continuing(
+    model: &mut dyn LanguageModel,
+    tok: &Tokenizer,
+    stop_tokens: &[u32],
+    prompt: &[u32],
+    cached: usize,
+    params: &GenerateParams,
     mut constraint: Option<&mut Constraint>,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
@@ -133,8 +152,9 @@ pub fn generate_with(
     if prompt.len() >= capacity {
         return Err(Error::ContextOverflow { needed: prompt.len() + 1, capacity });
     }
+    let start = cached.min(model.cache_len()).min(prompt.len().saturating_sub(1));
     let t0 = Instant::now();
-    let mut logits = prefill(model, prompt, 0)?;
+    let mut logits = prefill(model, &prompt[start..], start)?;
     let prefill_time = t0.elapsed();
     let mut sampler = Sampler::new(params.sampling, params.seed);
     let mut out = TextOut::new(params);
@@ -197,8 +217,13 @@ pub fn generate_with(
     };
     let decode_time = t1.elapsed();
     let text = out.finish(&stop, on_text);
-    let stats =
-        GenerationStats { prompt_tokens: prompt.len(), prefill_time, generated_tokens: tokens.len(), decode_time };
+    let stats = GenerationStats {
+        prompt_tokens: prompt.len(),
+        cached_tokens: start,
+        prefill_time,
+        generated_tokens: tokens.len(),
+        decode_time,
+    };
     Ok(Generation { text, tokens, stop, stats })
 }
 

@@ -137,3 +137,41 @@ impl ChatTemplate {
         .map_err(|e| Error::ChatTemplate(format!("rendering failed: {e:#}")))
     }
 }
+
+/// Marks a message's content inside rendered template text (private-use characters no template emits).
+const OPEN: char = '\u{F8F0}';
+const CLOSE: char = '\u{F8F1}';
+
+impl ChatTemplate {
+    /// Renders and tokenizes a conversation so that only the template's own text can produce control
+    /// tokens: the template output is encoded with special-token parsing on, every message's content with
+    /// it off. A tool output or user text containing `<|im_end|>` stays plain text.
+    pub fn render_tokens(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>> {
+        let marked: Vec<ChatMessage> =
+            messages.iter().enumerate().map(|(i, m)| ChatMessage::new(m.role, format!("{OPEN}{i}{CLOSE}"))).collect();
+        let text = self.render(&marked, add_generation_prompt, tools)?;
+        let mut out = Vec::new();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find(OPEN) {
+            out.extend(tok.encode(&rest[..start], true)?);
+            let after = &rest[start + OPEN.len_utf8()..];
+            let end = after.find(CLOSE).ok_or_else(|| Error::ChatTemplate("template split a message marker".into()))?;
+            let index: usize =
+                after[..end].parse().map_err(|_| Error::ChatTemplate("template altered a message marker".into()))?;
+            let content = &messages
+                .get(index)
+                .ok_or_else(|| Error::ChatTemplate("template altered a message marker".into()))?
+                .content;
+            out.extend(tok.encode(content, false)?);
+            rest = &after[end + CLOSE.len_utf8()..];
+        }
+        out.extend(tok.encode(rest, true)?);
+        Ok(out)
+    }
+}

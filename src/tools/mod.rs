@@ -1,7 +1,20 @@
-//! Tools the agent can call. For now: [`ToolSpec`], what the decision grammar and the prompt need to know
-//! of a tool (its name, description and JSON schema of its arguments).
+//! Tools the agent can call: the [`Tool`] trait, three ways to define one (a typed Rust function, a
+//! function definition in the common format with a closure, an external program), the built-ins, and
+//! the [`Executor`] that validates arguments, runs calls with a timeout and turns every failure into an
+//! observation.
+
+mod builtin;
+mod executor;
+mod program;
+
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use builtin::{builtin_tools, BuiltinOptions};
+pub use executor::{CallOutcome, Executor, Interceptor, InterceptorAction};
+pub use program::{load_tools_file, ProgramTool};
 
 use crate::error::{Error, Result};
 
@@ -11,12 +24,12 @@ pub struct ToolSpec {
     pub name: String,
     pub description: String,
     /// JSON schema of the `args` object.
-    pub parameters: serde_json::Value,
+    pub parameters: Value,
 }
 
 impl ToolSpec {
     /// A tool description; the name must be an identifier (letters, digits, `_`, `-`, `.`).
-    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: serde_json::Value) -> Result<Self> {
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Result<Self> {
         let spec = Self { name: name.into(), description: description.into(), parameters };
         spec.check()?;
         Ok(spec)
@@ -24,7 +37,7 @@ impl ToolSpec {
 
     /// Reads the common function format: `{"type": "function", "function": {name, description,
     /// parameters}}` or the bare inner object.
-    pub fn from_function_json(v: &serde_json::Value) -> Result<Self> {
+    pub fn from_function_json(v: &Value) -> Result<Self> {
         let f = if v.get("type").and_then(|t| t.as_str()) == Some("function") { v.get("function") } else { Some(v) };
         let f = f.and_then(|f| f.as_object()).ok_or_else(|| Error::Tool {
             tool: "?".into(),
@@ -58,5 +71,146 @@ impl ToolSpec {
             reason: format!("`parameters` is not a valid JSON schema: {e}"),
         })?;
         Ok(())
+    }
+}
+
+/// A tool's failure, shown to the model as the observation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError(pub String);
+
+impl<E: std::fmt::Display> From<E> for ToolError {
+    fn from(e: E) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+/// Something the agent can call.
+pub trait Tool: Send + Sync {
+    /// Name, description and argument schema.
+    fn spec(&self) -> &ToolSpec;
+    /// Runs the tool on arguments that already satisfy the schema. The result is shown to the model
+    /// (strings as they are, anything else as JSON).
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError>;
+    /// Extra checks beyond the schema (semantic rules); an error is a validation failure the model is
+    /// asked to correct.
+    fn validate(&self, _args: &Value) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A tool from a function definition and a closure.
+pub struct FnTool<F> {
+    spec: ToolSpec,
+    f: F,
+}
+
+impl<F> FnTool<F>
+where
+    F: Fn(&Value) -> std::result::Result<Value, ToolError> + Send + Sync,
+{
+    /// From a spec and a closure.
+    pub fn new(spec: ToolSpec, f: F) -> Self {
+        Self { spec, f }
+    }
+
+    /// From a definition in the common function format (`{"type":"function","function":{…}}` or the bare
+    /// `{name, description, parameters}`).
+    pub fn from_function_json(def: &Value, f: F) -> Result<Self> {
+        Ok(Self { spec: ToolSpec::from_function_json(def)?, f })
+    }
+}
+
+impl<F> Tool for FnTool<F>
+where
+    F: Fn(&Value) -> std::result::Result<Value, ToolError> + Send + Sync,
+{
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
+        (self.f)(args)
+    }
+}
+
+/// A tool with typed arguments: the schema is derived from `A` (serde + schemars) and the arguments are
+/// deserialized into `A` before the function runs.
+pub struct TypedTool<A, F> {
+    spec: ToolSpec,
+    f: F,
+    _args: std::marker::PhantomData<fn(A)>,
+}
+
+impl<A, F> TypedTool<A, F>
+where
+    A: serde::de::DeserializeOwned + schemars::JsonSchema,
+    F: Fn(A) -> std::result::Result<Value, ToolError> + Send + Sync,
+{
+    /// A typed tool named `name`.
+    pub fn new(name: &str, description: &str, f: F) -> Result<Self> {
+        let mut schema = serde_json::to_value(schemars::schema_for!(A))?;
+        if let Some(o) = schema.as_object_mut() {
+            o.remove("$schema");
+            o.remove("title");
+        }
+        Ok(Self { spec: ToolSpec::new(name, description, schema)?, f, _args: std::marker::PhantomData })
+    }
+}
+
+impl<A, F> Tool for TypedTool<A, F>
+where
+    A: serde::de::DeserializeOwned + schemars::JsonSchema,
+    F: Fn(A) -> std::result::Result<Value, ToolError> + Send + Sync,
+{
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
+        let a: A = serde_json::from_value(args.clone()).map_err(|e| ToolError(format!("bad arguments: {e}")))?;
+        (self.f)(a)
+    }
+}
+
+/// The tools of one agent, by name.
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl ToolSet {
+    /// Adds a tool; names must be unique.
+    pub fn add(&mut self, tool: Arc<dyn Tool>) -> Result<()> {
+        let name = &tool.spec().name;
+        if self.get(name).is_some() {
+            return Err(Error::Tool { tool: name.clone(), reason: "registered twice".into() });
+        }
+        self.tools.push(tool);
+        Ok(())
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.spec().name == name)
+    }
+
+    /// The specs, in registration order.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| t.spec().clone()).collect()
+    }
+
+    /// Tool names, in registration order.
+    pub fn names(&self) -> Vec<&str> {
+        self.tools.iter().map(|t| t.spec().name.as_str()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+/// The text the model sees for a tool result.
+pub fn observation_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
     }
 }

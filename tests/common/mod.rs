@@ -52,3 +52,15 @@ pub fn optional_model_path(name: &str) -> Option<PathBuf> {
     let cat = Catalog::builtin();
     catalog::locate(cat.get(name)?, &FetchOptions::default())
 }
+
+/// A tiny model with a 4096-token context (the tiny vocabulary is mostly single bytes, so agent prompts
+/// need room).
+pub fn tiny_long_path(arch: Arch) -> PathBuf {
+    let path = scratch().join(format!("tiny-long-{}.gguf", arch.as_str()));
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !path.exists() {
+        write_tiny_gguf(&path, &TinySpec { context: 4096, ..TinySpec::new(arch) }).expect("write tiny gguf");
+    }
+    path
+}

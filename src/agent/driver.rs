@@ -1,0 +1,287 @@
+//! Drivers produce one decision's text from the conversation: [`ModelDriver`] with the decision grammar
+//! (constrained, the default) or without it (free-form, the JSON extracted from the text), and
+//! [`ScriptedDriver`], which replays given decisions with no model (for tests, reagent's and users').
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::events::DecisionStats;
+use crate::decode::constraint::{Grammar, GrammarEngine};
+use crate::decode::generate::{generate_continuing, GenerateParams, StopReason};
+use crate::decode::sampler::Sampling;
+use crate::error::{Error, Result};
+use crate::model::{LanguageModel, Model};
+use crate::text::chat::{ChatMessage, Role};
+
+/// What a driver is asked for.
+#[derive(Debug, Clone, Copy)]
+pub struct DecisionRequest<'a> {
+    pub messages: &'a [ChatMessage],
+    /// The decision schema for this step's tool choice.
+    pub schema: &'a Value,
+    pub max_tokens: usize,
+}
+
+/// A driver's output: the text, and whether generation ended on a complete decision.
+#[derive(Debug, Clone)]
+pub struct DriverOutput {
+    pub text: String,
+    /// False when generation stopped early (token limit, context end) or, under a grammar, before the
+    /// grammar was complete.
+    pub complete: bool,
+    pub stats: DecisionStats,
+}
+
+/// Produces decisions.
+pub trait Driver {
+    /// `constrained`, `free-form` or `scripted`.
+    fn name(&self) -> &'static str;
+    /// Generates the next decision's text.
+    fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput>;
+    /// Forgets the last decision's tokens (after a failed attempt), so the retry starts from its prompt.
+    fn rollback(&mut self) {}
+    /// The chat role observations are sent with: `tool` where the model's template has a tool turn
+    /// (Qwen's wraps it in `<tool_response>`), else `user`.
+    fn observation_role(&self) -> Role {
+        Role::User
+    }
+    /// Tokens `messages` take as a prompt, and the context capacity; `None` when unbounded.
+    fn measure(&mut self, _messages: &[ChatMessage]) -> Result<Option<(usize, usize)>> {
+        Ok(None)
+    }
+}
+
+/// A model, constrained by the decision grammar or free.
+pub struct ModelDriver {
+    model: Model,
+    engine: Option<Arc<GrammarEngine>>,
+    sampling: Sampling,
+    seed: u64,
+    /// Tokens in the model's KV cache: the last prompt and decision.
+    cached: Vec<u32>,
+    prompt_len: usize,
+    reuse_prefix: bool,
+}
+
+impl ModelDriver {
+    /// Constrained decoding (builds the grammar engine: ~0.1–0.5 s once per model).
+    pub fn constrained(model: Model, sampling: Sampling, seed: u64) -> Result<Self> {
+        let engine = GrammarEngine::new(model.tokenizer().clone(), model.vocab_size(), model.stop_tokens())?;
+        Ok(Self {
+            model,
+            engine: Some(Arc::new(engine)),
+            sampling,
+            seed,
+            cached: Vec::new(),
+            prompt_len: 0,
+            reuse_prefix: true,
+        })
+    }
+
+    /// Free-form generation; the decision is extracted from the text.
+    pub fn free_form(model: Model, sampling: Sampling, seed: u64) -> Self {
+        Self { model, engine: None, sampling, seed, cached: Vec::new(), prompt_len: 0, reuse_prefix: true }
+    }
+
+    /// Recompute every prompt from scratch instead of reusing the KV cache of the previous step (to
+    /// measure what reuse saves).
+    pub fn without_prefix_reuse(mut self) -> Self {
+        self.reuse_prefix = false;
+        self
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The tokens of the last prompt (for inspection and tests).
+    pub fn last_prompt(&self) -> &[u32] {
+        &self.cached[..self.prompt_len.min(self.cached.len())]
+    }
+
+    fn tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let tok = self.model.tokenizer();
+        self.model.chat_template().render_tokens(tok, messages, true, None)
+    }
+}
+
+impl Driver for ModelDriver {
+    fn name(&self) -> &'static str {
+        if self.engine.is_some() {
+            "constrained"
+        } else {
+            "free-form"
+        }
+    }
+
+    fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
+        let t = Instant::now();
+        let prompt = self.tokens(req.messages)?;
+        let reused = if self.reuse_prefix {
+            self.cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count()
+        } else {
+            self.model.truncate(0);
+            0
+        };
+        let mut constraint = match &self.engine {
+            Some(e) => Some(e.constraint(&Grammar::JsonSchema(req.schema.clone()))?),
+            None => None,
+        };
+        let params = GenerateParams {
+            max_tokens: req.max_tokens,
+            sampling: self.sampling,
+            seed: self.seed,
+            ..GenerateParams::default()
+        };
+        let tok = self.model.tokenizer().clone();
+        let stops = self.model.stop_tokens().to_vec();
+        let g = generate_continuing(
+            &mut self.model,
+            &tok,
+            &stops,
+            &prompt,
+            reused,
+            &params,
+            constraint.as_mut(),
+            &mut |_| {},
+        )?;
+        self.seed = self.seed.wrapping_add(1);
+        let in_cache = self.model.cache_len();
+        self.cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
+        self.prompt_len = prompt.len();
+        let complete = match (&constraint, &g.stop) {
+            (Some(_), StopReason::GrammarComplete) => true,
+            (Some(c), StopReason::StopToken { .. }) => c.is_finished(),
+            (Some(_), _) => false,
+            (None, s) => !matches!(s, StopReason::MaxTokens | StopReason::ContextFull),
+        };
+        let stats = DecisionStats {
+            prompt_tokens: prompt.len(),
+            reused_tokens: g.stats.cached_tokens,
+            generated_tokens: g.tokens.len(),
+            forced_tokens: constraint.as_ref().map_or(0, |c| c.stats().forced_tokens),
+            seconds: t.elapsed().as_secs_f64(),
+        };
+        Ok(DriverOutput { text: g.text, complete, stats })
+    }
+
+    fn observation_role(&self) -> Role {
+        let src = self.model.chat_template().source();
+        if src.contains("\"tool\"") || src.contains("'tool'") {
+            Role::Tool
+        } else {
+            Role::User
+        }
+    }
+
+    fn rollback(&mut self) {
+        self.cached.truncate(self.prompt_len);
+        self.model.truncate(self.prompt_len);
+    }
+
+    fn measure(&mut self, messages: &[ChatMessage]) -> Result<Option<(usize, usize)>> {
+        Ok(Some((self.tokens(messages)?.len(), self.model.context_length())))
+    }
+}
+
+/// One scripted reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScriptItem {
+    /// A reply that ended normally (it may still be invalid: that is for the agent to find).
+    Reply(String),
+    /// A reply cut off before it was complete (as by a token limit).
+    CutOff(String),
+}
+
+impl<S: Into<String>> From<S> for ScriptItem {
+    fn from(s: S) -> Self {
+        ScriptItem::Reply(s.into())
+    }
+}
+
+/// Replays decisions in order, with no model.
+pub struct ScriptedDriver {
+    items: VecDeque<ScriptItem>,
+    context: Option<usize>,
+    seen: Arc<Mutex<Vec<Vec<ChatMessage>>>>,
+}
+
+impl ScriptedDriver {
+    /// Replays `items`; running out is a driver error.
+    pub fn new(items: impl IntoIterator<Item = impl Into<ScriptItem>>) -> Self {
+        Self { items: items.into_iter().map(Into::into).collect(), context: None, seen: Arc::default() }
+    }
+
+    /// Pretends to have a context window of `bytes` (one token per byte of message content), so context
+    /// management can be tested without a model.
+    pub fn with_context(mut self, bytes: usize) -> Self {
+        self.context = Some(bytes);
+        self
+    }
+
+    /// The conversations the driver was asked to continue, in order (a handle that stays valid after
+    /// the driver is moved into an agent).
+    pub fn log(&self) -> Arc<Mutex<Vec<Vec<ChatMessage>>>> {
+        self.seen.clone()
+    }
+}
+
+impl Driver for ScriptedDriver {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).push(req.messages.to_vec());
+        let item = self
+            .items
+            .pop_front()
+            .ok_or_else(|| Error::InvalidArgument("the scripted driver has no decisions left".into()))?;
+        let (text, complete) = match item {
+            ScriptItem::Reply(t) => (t, true),
+            ScriptItem::CutOff(t) => (t, false),
+        };
+        let prompt_tokens = req.messages.iter().map(|m| m.content.len()).sum();
+        let stats = DecisionStats { prompt_tokens, generated_tokens: text.len(), ..DecisionStats::default() };
+        Ok(DriverOutput { text, complete, stats })
+    }
+
+    fn measure(&mut self, messages: &[ChatMessage]) -> Result<Option<(usize, usize)>> {
+        Ok(self.context.map(|c| (messages.iter().map(|m| m.content.len()).sum(), c)))
+    }
+}
+
+/// The first complete JSON object in free text: inside a ```json fence if there is one, else the first
+/// `{` that starts a parsable object.
+pub fn extract_json(text: &str) -> Option<Value> {
+    let fenced = text.split("```").skip(1).step_by(2).map(|b| b.trim_start_matches("json").trim());
+    for candidate in fenced.chain(std::iter::once(text)) {
+        for (i, _) in candidate.match_indices('{') {
+            let mut it = serde_json::Deserializer::from_str(&candidate[i..]).into_iter::<Value>();
+            if let Some(Ok(v @ Value::Object(_))) = it.next() {
+                return Some(v);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_extracted_from_fences_or_bare_text() {
+        let v = extract_json("Sure!\n```json\n{\"a\": 1}\n```\nbye").unwrap();
+        assert_eq!(v["a"], 1);
+        let v = extract_json("I think {\"type\": \"final_answer\", \"answer\": \"x\"} is it {\"b\":2}").unwrap();
+        assert_eq!(v["type"], "final_answer");
+        let v = extract_json("{broken {\"ok\": true}").unwrap();
+        assert_eq!(v["ok"], true);
+        assert!(extract_json("no json here {").is_none());
+    }
+}

@@ -1,0 +1,164 @@
+//! Typed events of an agent run, delivered to an [`EventSink`] as they happen, and the [`Transcript`]
+//! a run returns.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::decision::{Decision, ToolCall};
+use crate::tools::CallOutcome;
+
+/// Token counts and time of one decision's generation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct DecisionStats {
+    /// Prompt tokens of this decision.
+    pub prompt_tokens: usize,
+    /// Of those, how many were already in the KV cache (reused from the previous step).
+    pub reused_tokens: usize,
+    pub generated_tokens: usize,
+    /// Tokens the grammar forced.
+    pub forced_tokens: usize,
+    pub seconds: f64,
+}
+
+/// Something that happened during a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum AgentEvent {
+    RunStarted {
+        task: String,
+        tools: Vec<String>,
+        driver: String,
+    },
+    StepStarted {
+        step: usize,
+        attempt: usize,
+    },
+    DecisionExtracted {
+        step: usize,
+        decision: Decision,
+        stats: DecisionStats,
+    },
+    /// The generation ended without a complete decision (token limit, unparsable output).
+    ExtractionFailed {
+        step: usize,
+        attempt: usize,
+        error: String,
+        output: String,
+        stats: DecisionStats,
+    },
+    /// A complete decision was rejected (unknown tool, arguments failing the schema or a validator).
+    ValidationFailed {
+        step: usize,
+        attempt: usize,
+        error: String,
+        decision: Value,
+    },
+    ToolCallStarted {
+        step: usize,
+        call: ToolCall,
+    },
+    ToolCallCompleted {
+        step: usize,
+        call: ToolCall,
+        outcome: CallOutcome,
+        seconds: f64,
+    },
+    ToolCallBlocked {
+        step: usize,
+        call: ToolCall,
+        reason: String,
+    },
+    FinalAnswer {
+        step: usize,
+        answer: String,
+    },
+    RunFailed {
+        reason: StopReason,
+    },
+}
+
+/// Receives events.
+pub trait EventSink {
+    fn on_event(&mut self, event: &AgentEvent);
+}
+
+impl<F: FnMut(&AgentEvent)> EventSink for F {
+    fn on_event(&mut self, event: &AgentEvent) {
+        self(event)
+    }
+}
+
+/// Why a run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model gave a final answer.
+    FinalAnswer,
+    /// `max_steps` decisions were made without an answer.
+    MaxSteps { steps: usize },
+    /// A step failed `max_retries + 1` times.
+    RetriesExhausted { step: usize, last_error: String },
+    /// The conversation no longer fits in the context window, even with observations shortened.
+    ContextOverflow { needed: usize, capacity: usize },
+    /// The token budget of the run is spent.
+    TokenBudget { used: usize, budget: usize },
+    /// The model or driver failed (an I/O or inference error, a scripted driver that ran out).
+    DriverError { message: String },
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::FinalAnswer => write!(f, "final answer"),
+            StopReason::MaxSteps { steps } => write!(f, "no answer after {steps} steps (--max-steps)"),
+            StopReason::RetriesExhausted { step, last_error } => {
+                write!(f, "step {step} failed after all retries: {last_error}")
+            }
+            StopReason::ContextOverflow { needed, capacity } => {
+                write!(f, "the conversation needs {needed} tokens but the context holds {capacity}")
+            }
+            StopReason::TokenBudget { used, budget } => write!(f, "token budget spent ({used} of {budget})"),
+            StopReason::DriverError { message } => write!(f, "{message}"),
+        }
+    }
+}
+
+/// One executed tool call of a step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CallRecord {
+    pub call: ToolCall,
+    pub outcome: CallOutcome,
+}
+
+/// One step: the decision, what its calls returned, and how it was produced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    pub decision: Decision,
+    pub calls: Vec<CallRecord>,
+    /// The observation text the model saw next.
+    pub observation: Option<String>,
+    /// Failed attempts before this decision.
+    pub retries: usize,
+    pub stats: DecisionStats,
+}
+
+/// Totals over a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunStats {
+    pub decisions: usize,
+    pub retries: usize,
+    pub prompt_tokens: usize,
+    pub reused_tokens: usize,
+    pub generated_tokens: usize,
+    pub seconds: f64,
+}
+
+/// What a run returns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Transcript {
+    pub task: String,
+    pub steps: Vec<Step>,
+    pub final_answer: Option<String>,
+    pub stop_reason: StopReason,
+    pub stats: RunStats,
+}

@@ -1,0 +1,179 @@
+//! Runs tool calls: argument validation with a real JSON-schema validator, interceptors before and after,
+//! a timeout, and panics caught. Every failure becomes a [`CallOutcome`] whose observation the model sees;
+//! nothing here aborts a run.
+
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{observation_text, Tool, ToolError, ToolSet};
+use crate::agent::decision::ToolCall;
+
+/// What an interceptor decides before a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterceptorAction {
+    /// Go on (possibly with the call modified in place).
+    Continue,
+    /// Do not run the call; the model is told it was blocked, with this reason.
+    Block(String),
+}
+
+/// Hooks around every tool call.
+pub trait Interceptor: Send {
+    /// Runs before the call; may modify it or block it.
+    fn before(&mut self, _call: &mut ToolCall) -> InterceptorAction {
+        InterceptorAction::Continue
+    }
+    /// Runs after the call; may modify the result.
+    fn after(&mut self, _call: &ToolCall, _result: &mut std::result::Result<Value, ToolError>) {}
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CallOutcome {
+    /// The tool returned a result.
+    Ok { output: String },
+    /// The tool returned an error.
+    Error { message: String },
+    /// No tool of that name.
+    UnknownTool { tool: String, known: Vec<String> },
+    /// The arguments failed the schema or the tool's own validator.
+    InvalidArgs { message: String },
+    /// The tool ran past the timeout.
+    Timeout { seconds: f64 },
+    /// The tool panicked.
+    Panic { message: String },
+    /// An interceptor blocked the call.
+    Blocked { reason: String },
+    /// The same call as the previous one(s): not run again; the earlier output is repeated.
+    Repeated { output: String, times: usize },
+}
+
+impl CallOutcome {
+    /// The observation text the model sees.
+    pub fn observation(&self) -> String {
+        match self {
+            CallOutcome::Ok { output } => output.clone(),
+            CallOutcome::Error { message } => format!("Error: {message}"),
+            CallOutcome::UnknownTool { tool, known } => {
+                format!("Error: there is no tool `{tool}`; the tools are: {}", known.join(", "))
+            }
+            CallOutcome::InvalidArgs { message } => format!("Error: invalid arguments: {message}"),
+            CallOutcome::Timeout { seconds } => format!("Error: the tool did not finish within {seconds} s"),
+            CallOutcome::Panic { message } => format!("Error: the tool crashed: {message}"),
+            CallOutcome::Blocked { reason } => format!("The call was blocked: {reason}"),
+            CallOutcome::Repeated { output, times } => {
+                format!("{output}\n(The same call was already made {times} time(s) with this result; it was not run again.)")
+            }
+        }
+    }
+
+    /// Whether the tool produced a result.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, CallOutcome::Ok { .. })
+    }
+}
+
+/// Validates and runs calls against a tool set.
+pub struct Executor {
+    tools: ToolSet,
+    timeout: Duration,
+    interceptors: Vec<Box<dyn Interceptor>>,
+}
+
+impl Executor {
+    /// An executor over `tools` with a per-call timeout.
+    pub fn new(tools: ToolSet, timeout: Duration) -> Self {
+        Self { tools, timeout, interceptors: Vec::new() }
+    }
+
+    /// Adds an interceptor (they run in the order added).
+    pub fn intercept(&mut self, i: Box<dyn Interceptor>) {
+        self.interceptors.push(i);
+    }
+
+    /// The tools.
+    pub fn tools(&self) -> &ToolSet {
+        &self.tools
+    }
+
+    /// Checks a call without running it: the tool exists and its arguments pass the schema and the tool's
+    /// own validator.
+    pub fn check(&self, call: &ToolCall) -> std::result::Result<(), CallOutcome> {
+        let Some(tool) = self.tools.get(&call.tool) else {
+            return Err(CallOutcome::UnknownTool {
+                tool: call.tool.clone(),
+                known: self.tools.names().into_iter().map(String::from).collect(),
+            });
+        };
+        let validator = jsonschema::validator_for(&tool.spec().parameters)
+            .map_err(|e| CallOutcome::InvalidArgs { message: format!("the tool's schema is invalid: {e}") })?;
+        if let Some(e) = validator.iter_errors(&call.args).next() {
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() { String::new() } else { format!(" at {at}") };
+            return Err(CallOutcome::InvalidArgs { message: format!("{e}{at}") });
+        }
+        tool.validate(&call.args).map_err(|message| CallOutcome::InvalidArgs { message })
+    }
+
+    /// Runs a call through the interceptors, validation and the tool. Returns the call as finally made
+    /// (interceptors may change it) and its outcome.
+    pub fn execute(&mut self, mut call: ToolCall) -> (ToolCall, CallOutcome) {
+        for i in &mut self.interceptors {
+            if let InterceptorAction::Block(reason) = i.before(&mut call) {
+                return (call, CallOutcome::Blocked { reason });
+            }
+        }
+        if let Err(outcome) = self.check(&call) {
+            return (call, outcome);
+        }
+        let tool = self.tools.get(&call.tool).expect("checked above").clone();
+        let mut result = match run_with_timeout(tool, call.args.clone(), self.timeout) {
+            Ran::Done(r) => r,
+            Ran::Timeout => return (call, CallOutcome::Timeout { seconds: self.timeout.as_secs_f64() }),
+            Ran::Panic(message) => return (call, CallOutcome::Panic { message }),
+        };
+        for i in &mut self.interceptors {
+            i.after(&call, &mut result);
+        }
+        let outcome = match result {
+            Ok(v) => CallOutcome::Ok { output: observation_text(&v) },
+            Err(ToolError(message)) => CallOutcome::Error { message },
+        };
+        (call, outcome)
+    }
+}
+
+enum Ran {
+    Done(std::result::Result<Value, ToolError>),
+    Timeout,
+    Panic(String),
+}
+
+/// Runs the tool on its own thread. A call that overruns is abandoned (a thread cannot be killed; program
+/// tools kill their own child process on their own timeout).
+fn run_with_timeout(tool: Arc<dyn Tool>, args: Value, timeout: Duration) -> Ran {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new().name("reagent-tool".into()).spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.call(&args)));
+        let _ = tx.send(r);
+    });
+    if let Err(e) = spawned {
+        return Ran::Done(Err(ToolError(format!("cannot start the tool: {e}"))));
+    }
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(r)) => Ran::Done(r),
+        Ok(Err(panic)) => Ran::Panic(
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into()),
+        ),
+        Err(mpsc::RecvTimeoutError::Timeout) => Ran::Timeout,
+        Err(mpsc::RecvTimeoutError::Disconnected) => Ran::Panic("the tool thread ended without a result".into()),
+    }
+}

@@ -1,0 +1,162 @@
+//! Tools backed by external programs, declared in a tools file (TOML or JSON) for CLI users.
+//!
+//! ```toml
+//! [[tool]]
+//! name = "word_count"
+//! description = "Counts the words of a text."
+//! command = ["python3", "wc.py"]     # program and fixed arguments; run directly, no shell
+//! timeout_s = 10                      # default 30
+//! max_output_bytes = 65536            # default 64 KiB; longer output is cut
+//! parameters = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+//! ```
+//!
+//! The call's arguments are written as JSON to the program's stdin; its stdout is the result. A non-zero
+//! exit status is a tool error carrying the end of its stderr; a run past the timeout is killed.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Tool, ToolError, ToolSpec};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProgramDef {
+    name: String,
+    #[serde(default)]
+    description: String,
+    command: Vec<String>,
+    #[serde(default = "default_parameters")]
+    parameters: Value,
+    #[serde(default = "default_timeout")]
+    timeout_s: f64,
+    #[serde(default = "default_max_output")]
+    max_output_bytes: usize,
+}
+
+fn default_parameters() -> Value {
+    serde_json::json!({"type": "object", "properties": {}})
+}
+fn default_timeout() -> f64 {
+    30.0
+}
+fn default_max_output() -> usize {
+    64 * 1024
+}
+
+#[derive(Debug, Deserialize)]
+struct ToolsFile {
+    #[serde(rename = "tool", alias = "tools")]
+    tools: Vec<ProgramDef>,
+}
+
+/// A tool that runs an external program.
+pub struct ProgramTool {
+    spec: ToolSpec,
+    command: Vec<String>,
+    timeout: Duration,
+    max_output: usize,
+}
+
+impl ProgramTool {
+    fn from_def(d: ProgramDef) -> Result<Self> {
+        let spec = ToolSpec::new(d.name, d.description, d.parameters)?;
+        if d.command.is_empty() || d.command[0].is_empty() {
+            return Err(Error::Tool { tool: spec.name, reason: "`command` must name a program".into() });
+        }
+        if !(d.timeout_s > 0.0 && d.timeout_s.is_finite()) {
+            return Err(Error::Tool { tool: spec.name, reason: "`timeout_s` must be a positive number".into() });
+        }
+        Ok(Self {
+            spec,
+            command: d.command,
+            timeout: Duration::from_secs_f64(d.timeout_s),
+            max_output: d.max_output_bytes,
+        })
+    }
+}
+
+/// Reads a tools file (`.toml`, or `.json` with the same fields: `{"tools": [...]}`).
+pub fn load_tools_file(path: &Path) -> Result<Vec<Arc<dyn Tool>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |e: String| Error::Tool { tool: path.display().to_string(), reason: e };
+    let file: ToolsFile = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?
+    } else {
+        toml::from_str(&text).map_err(|e| bad(e.to_string()))?
+    };
+    file.tools.into_iter().map(|d| ProgramTool::from_def(d).map(|t| Arc::new(t) as Arc<dyn Tool>)).collect()
+}
+
+impl Tool for ProgramTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
+        let mut child = Command::new(&self.command[0])
+            .args(&self.command[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| ToolError(format!("cannot run `{}`: {e}", self.command[0])))?;
+        let input = args.to_string();
+        let mut stdin = child.stdin.take().expect("piped");
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(input.as_bytes());
+        });
+        let cap = self.max_output;
+        let mut stdout = child.stdout.take().expect("piped");
+        let reader = std::thread::spawn(move || capped_read(&mut stdout, cap));
+        let mut stderr = child.stderr.take().expect("piped");
+        let err_reader = std::thread::spawn(move || capped_read(&mut stderr, 4096));
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(ToolError(format!("killed after {} s", self.timeout.as_secs_f64())));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                Err(e) => return Err(ToolError(e.to_string())),
+            }
+        };
+        let _ = writer.join();
+        let (out, cut) = reader.join().unwrap_or_default();
+        let (err, _) = err_reader.join().unwrap_or_default();
+        if !status.success() {
+            let tail = String::from_utf8_lossy(&err);
+            return Err(ToolError(format!("exited with {status}: {}", tail.trim())));
+        }
+        let mut text = String::from_utf8_lossy(&out).into_owned();
+        if cut {
+            text.push_str(&format!("\n[... output cut at {} bytes]", self.max_output));
+        }
+        Ok(Value::String(text))
+    }
+}
+
+/// Reads up to `cap` bytes, draining (and dropping) the rest so the child never blocks on a full pipe.
+fn capped_read(r: &mut impl Read, cap: usize) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut cut = false;
+    while let Ok(n) = r.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let room = cap.saturating_sub(out.len());
+        out.extend_from_slice(&buf[..n.min(room)]);
+        cut |= n > room;
+    }
+    (out, cut)
+}

@@ -1,0 +1,110 @@
+//! Tool definitions: the common function format, typed tools, external programs from a tools file, and
+//! the executor's validation.
+
+mod common;
+
+use std::time::Duration;
+
+use reagent::tools::{load_tools_file, CallOutcome, Executor, FnTool, ToolSet};
+use reagent::{ToolCall, ToolSpec};
+use serde_json::json;
+
+#[test]
+fn function_definitions_in_the_common_format() {
+    let wrapped = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let s = ToolSpec::from_function_json(&wrapped).unwrap();
+    assert_eq!(s.name, "get_weather");
+    let bare = ToolSpec::from_function_json(&wrapped["function"]).unwrap();
+    assert_eq!(s, bare);
+    for (bad, needle) in [
+        (json!({"description": "x"}), "name"),
+        (json!({"name": "a b", "parameters": {"type": "object"}}), "letters"),
+        (json!({"name": "t", "parameters": {"type": "string"}}), "object"),
+        (json!({"name": "t", "parameters": {"type": "object", "properties": {"a": {"type": 7}}}}), "valid JSON schema"),
+    ] {
+        let err = ToolSpec::from_function_json(&bad).unwrap_err().to_string();
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn the_executor_validates_arguments_with_the_schema() {
+    let spec = ToolSpec::new(
+        "t",
+        "",
+        json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}),
+    )
+    .unwrap();
+    let mut set = ToolSet::default();
+    set.add(std::sync::Arc::new(FnTool::new(spec, |a| Ok(a["n"].clone())))).unwrap();
+    let mut ex = Executor::new(set, Duration::from_secs(5));
+    let run = |ex: &mut Executor, args| ex.execute(ToolCall { tool: "t".into(), args }).1;
+    assert_eq!(run(&mut ex, json!({"n": 3})), CallOutcome::Ok { output: "3".into() });
+    assert!(matches!(run(&mut ex, json!({"n": 0})), CallOutcome::InvalidArgs { .. }));
+    assert!(matches!(run(&mut ex, json!({"n": "3"})), CallOutcome::InvalidArgs { .. }));
+    assert!(matches!(run(&mut ex, json!({})), CallOutcome::InvalidArgs { .. }));
+    let unknown = ex.execute(ToolCall { tool: "u".into(), args: json!({}) }).1;
+    assert!(unknown.observation().contains("no tool `u`") && unknown.observation().contains("t"));
+}
+
+fn tools_file(body: &str, ext: &str) -> std::path::PathBuf {
+    let path = common::scratch().join(format!("tools-{}.{ext}", body.len()));
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+#[test]
+fn program_tools_get_json_on_stdin_and_fail_cleanly() {
+    let path = tools_file(
+        r#"
+[[tool]]
+name = "echo_args"
+description = "Echoes its arguments."
+command = ["cat"]
+parameters = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+
+[[tool]]
+name = "fails"
+command = ["sh", "-c", "echo broken >&2; exit 3"]
+
+[[tool]]
+name = "slow"
+command = ["sleep", "5"]
+timeout_s = 0.2
+
+[[tool]]
+name = "chatty"
+command = ["sh", "-c", "yes | head -c 100000"]
+max_output_bytes = 10
+"#,
+        "toml",
+    );
+    let tools = load_tools_file(&path).unwrap();
+    let mut set = ToolSet::default();
+    for t in tools {
+        set.add(t).unwrap();
+    }
+    let mut ex = Executor::new(set, Duration::from_secs(10));
+    let mut run = |tool: &str, args| ex.execute(ToolCall { tool: tool.into(), args }).1;
+    assert_eq!(run("echo_args", json!({"text": "hi"})), CallOutcome::Ok { output: r#"{"text":"hi"}"#.into() });
+    let e = run("fails", json!({})).observation();
+    assert!(e.contains("exit status: 3") && e.contains("broken"), "{e}");
+    let e = run("slow", json!({})).observation();
+    assert!(e.contains("killed after 0.2 s"), "{e}");
+    let e = run("chatty", json!({})).observation();
+    assert!(e.starts_with("y\ny\ny\ny\ny\n") && e.contains("cut at 10 bytes"), "{e}");
+}
+
+#[test]
+fn bad_tools_files_name_the_problem() {
+    let e = load_tools_file(&tools_file("[[tool]]\nname = \"x\"\ncommand = []\n", "toml")).err().unwrap().to_string();
+    assert!(e.contains("`command`"), "{e}");
+    let e = load_tools_file(&tools_file("[[tool]]\nname = \"x\"\ncommand = [\"a\"]\ncolor = 1\n", "toml"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("color"), "{e}");
+    let json_file = tools_file(r#"{"tools": [{"name": "j", "command": ["true"]}]}"#, "json");
+    assert_eq!(load_tools_file(&json_file).unwrap()[0].spec().name, "j");
+}
