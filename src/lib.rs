@@ -12,6 +12,9 @@
 //! - [`ChatTemplate`] and [`ChatMessage`]: the model's Jinja chat template.
 //! - [`generate`](decode::generate::generate) with [`GenerateParams`] and [`Sampling`].
 //! - [`catalog`]: model names, the local cache and fetching.
+//! - [`GrammarEngine`] / [`Constraint`]: llguidance-constrained decoding ([`generate_with`]).
+//! - [`Agent`] (built with [`Agent::builder`]), [`Tool`], [`ToolSpec`], [`Transcript`]: the ReAct agent; see
+//!   [`agent`] for an example.
 //!
 //! ## Usage
 //! 1. Resolve a model name to a file ([`catalog::resolve`]), fetching it if needed.
