@@ -89,7 +89,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 512)]
     max_decision_tokens: usize,
     /// Maximum characters of a decision's thought (small models ramble).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 200)]
     max_thought_chars: usize,
     /// Maximum characters of the answer and of string arguments without their own maxLength.
     #[arg(long, default_value_t = 1000)]
@@ -97,6 +97,10 @@ struct RunArgs {
     /// Tool call timeout in seconds.
     #[arg(long, default_value_t = 30.0)]
     tool_timeout: f64,
+    /// Let the first decision answer directly; by default, under `auto`, it must call a tool (small models
+    /// otherwise answer from memory what a tool would get right).
+    #[arg(long)]
+    allow_direct_answer: bool,
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
     #[arg(long)]
     no_prefix_reuse: bool,
@@ -534,6 +538,7 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         },
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout: std::time::Duration::from_secs_f64(a.tool_timeout),
+        first_decision_calls: !a.allow_direct_answer,
         ..AgentConfig::default()
     };
     let (json, colour) = (a.json, std::io::stderr().is_terminal());

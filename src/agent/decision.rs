@@ -64,7 +64,7 @@ pub struct DecisionOptions {
 
 impl Default for DecisionOptions {
     fn default() -> Self {
-        Self { max_thought_chars: 300, max_string_chars: 1000, max_array_items: 32, parallel_calls: None }
+        Self { max_thought_chars: 200, max_string_chars: 1000, max_array_items: 32, parallel_calls: None }
     }
 }
 
@@ -256,20 +256,29 @@ pub fn decision_instructions(tools: &[ToolSpec], choice: &ToolChoice, opts: &Dec
         );
     }
     s.push_str("Never repeat a call you already made: use its observation. As soon as the observations answer the task, give the final answer.\n");
-    if let Some(t) = tools.first().filter(|_| *choice != ToolChoice::None) {
-        let args = example_args(&t.parameters);
-        s.push_str(&format!(
-            "\nExample of a whole exchange (the values are placeholders):\n\
-             User: <task>\n\
-             You: {{\"thought\":\"<why {name} helps>\",\"type\":\"call_tool\",\"tool\":\"{name}\",\"args\":{args}}}\n\
-             User: Observation: <result of {name}>\n",
-            name = t.name,
-        ));
+    if *choice != ToolChoice::None && !tools.is_empty() {
+        // A concrete exchange with a made-up tool: small models copy placeholders literally, and they
+        // need to see the answer being taken from the observation.
+        s.push_str(
+            "\nExample of a whole exchange, with a made-up tool `lookup_notes` (use only the tools listed above):\n\
+             User: When is the dentist appointment?\n\
+             You: {\"thought\":\"The notes may say when the appointment is.\",\"type\":\"call_tool\",\
+             \"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}}\n\
+             User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm; bring the card\n",
+        );
         if matches!(choice, ToolChoice::Auto) {
             s.push_str(
-                "You: {\"thought\":\"<how the result answers the task>\",\"type\":\"final_answer\",\"answer\":\"<answer>\"}\n",
+                "You: {\"thought\":\"The notes say the appointment is Friday at 3 pm.\",\"type\":\"final_answer\",\
+                 \"answer\":\"Friday at 3 pm\"}\n",
             );
         }
+        let t = &tools[0];
+        s.push_str(&format!(
+            "A call to {name} looks like: {{\"thought\":\"I need {name} for this.\",\"type\":\"call_tool\",\
+             \"tool\":\"{name}\",\"args\":{args}}}\n",
+            name = t.name,
+            args = example_args(&t.parameters)
+        ));
     }
     s
 }
@@ -315,7 +324,7 @@ mod tests {
             .unwrap();
         assert_eq!(s["properties"]["args"]["properties"]["expression"]["maxLength"], 1000);
         assert_eq!(s["properties"]["args"]["additionalProperties"], false);
-        assert_eq!(s["properties"]["thought"]["maxLength"], 300);
+        assert_eq!(s["properties"]["thought"]["maxLength"], 200);
         assert_eq!(s["properties"]["tool"]["const"], "calculator");
     }
 

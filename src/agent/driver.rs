@@ -23,6 +23,8 @@ pub struct DecisionRequest<'a> {
     /// The decision schema for this step's tool choice.
     pub schema: &'a Value,
     pub max_tokens: usize,
+    /// 0 for the first attempt at a step, then 1, 2, … for retries.
+    pub attempt: usize,
 }
 
 /// A driver's output: the text, and whether generation ended on a complete decision.
@@ -131,12 +133,14 @@ impl Driver for ModelDriver {
             Some(e) => Some(e.constraint(&Grammar::JsonSchema(req.schema.clone()))?),
             None => None,
         };
-        let params = GenerateParams {
-            max_tokens: req.max_tokens,
-            sampling: self.sampling,
-            seed: self.seed,
-            ..GenerateParams::default()
+        // Greedy decoding would repeat a failed attempt token for token (a runaway string stays a runaway
+        // string), so retries of a greedy driver sample, seeded and so still reproducible.
+        let sampling = match (self.sampling, req.attempt) {
+            (Sampling::Greedy, 1..) => Sampling::Random { temperature: 0.7, top_k: Some(40), top_p: None },
+            (s, _) => s,
         };
+        let params =
+            GenerateParams { max_tokens: req.max_tokens, sampling, seed: self.seed, ..GenerateParams::default() };
         let tok = self.model.tokenizer().clone();
         let stops = self.model.stop_tokens().to_vec();
         let g = generate_continuing(

@@ -58,6 +58,9 @@ pub struct AgentConfig {
     pub tool_timeout: Duration,
     /// Text added to the system prompt after the decision instructions.
     pub system_prompt: Option<String>,
+    /// Under `auto`, make the first decision a tool call (small models otherwise answer from memory what
+    /// a tool would get right); later decisions may answer.
+    pub first_decision_calls: bool,
 }
 
 impl Default for AgentConfig {
@@ -72,6 +75,7 @@ impl Default for AgentConfig {
             token_budget: None,
             tool_timeout: Duration::from_secs(30),
             system_prompt: None,
+            first_decision_calls: false,
         }
     }
 }
@@ -192,6 +196,10 @@ impl Agent {
         let schema = decision::decision_schema(&specs, &self.config.tool_choice, &self.config.decision)?;
         // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
         let answer_only = decision::decision_schema(&specs, &ToolChoice::None, &self.config.decision)?;
+        let first_call =
+            (self.config.first_decision_calls && self.config.tool_choice == ToolChoice::Auto && !specs.is_empty())
+                .then(|| decision::decision_schema(&specs, &ToolChoice::Required, &self.config.decision))
+                .transpose()?;
         let mut force_answer = false;
         let observation_role = self.driver.observation_role();
         let mut messages = vec![ChatMessage::system(system), ChatMessage::user(task)];
@@ -205,7 +213,11 @@ impl Agent {
                 break StopReason::MaxSteps { steps: steps.len() };
             }
             let step_no = steps.len() + 1;
-            let step_schema = if force_answer { &answer_only } else { &schema };
+            let step_schema = match (&first_call, steps.is_empty(), force_answer) {
+                (_, _, true) => &answer_only,
+                (Some(first), true, _) => first,
+                _ => &schema,
+            };
             let (decision, text, dstats, retries) =
                 match self.attempt(step_no, &mut messages, step_schema, &mut stats)? {
                     Attempt::Decided { decision, text, stats, retries } => (decision, text, stats, retries),
@@ -275,8 +287,12 @@ impl Agent {
             if let Some(stop) = self.fit_context(messages, &mut request_messages)? {
                 return Ok(Attempt::Stop(stop));
             }
-            let req =
-                DecisionRequest { messages: &request_messages, schema, max_tokens: self.config.max_decision_tokens };
+            let req = DecisionRequest {
+                messages: &request_messages,
+                schema,
+                max_tokens: self.config.max_decision_tokens,
+                attempt,
+            };
             let out = match self.driver.decide(&req) {
                 Ok(o) => o,
                 Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
