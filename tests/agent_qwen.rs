@@ -1,0 +1,45 @@
+//! Agent runs on the default model, `qwen2.5-coder-0.5b` (491 MB): checked when the model is present or
+//! required (`REAGENT_TEST_MODELS=all`, as in `.ci/run`). Greedy decoding, so the runs are reproducible.
+
+mod common;
+
+use reagent::agent::{Agent, AgentConfig, ModelDriver, StopReason, Transcript};
+use reagent::tools::{builtin_tools, BuiltinOptions};
+use reagent::{LoadOptions, Model, Sampling};
+
+fn run(task: &str, root: &std::path::Path, only: &[&str]) -> Option<Transcript> {
+    let path = common::optional_model_path("qwen2.5-coder-0.5b")?;
+    let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    let mut tools = builtin_tools(&BuiltinOptions { root: root.into(), ..Default::default() }).unwrap();
+    tools.retain(|t| only.is_empty() || only.contains(&t.spec().name.as_str()));
+    let mut agent = Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tools(tools)
+        .config(AgentConfig { first_decision_calls: true, ..AgentConfig::default() })
+        .build()
+        .unwrap();
+    Some(agent.run(task).unwrap())
+}
+
+fn called(t: &Transcript, tool: &str) -> bool {
+    t.steps.iter().flat_map(|s| &s.calls).any(|c| c.call.tool == tool && c.outcome.is_ok())
+}
+
+#[test]
+fn arithmetic_goes_through_the_calculator() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(t) = run("What is 37 * 43 + 12?", dir.path(), &["calculator"]) else { return };
+    assert!(called(&t, "calculator"), "{t:#?}");
+    assert_eq!(t.stop_reason, StopReason::FinalAnswer);
+    assert!(t.final_answer.as_deref().unwrap().contains("1603"), "{:?}", t.final_answer);
+}
+
+#[test]
+fn a_file_question_is_answered_from_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("project.txt"), "Project Falcon\nowner: Maria Lopez\nbudget: 42000 EUR\n").unwrap();
+    let Some(t) = run("Who is the owner of the project described in project.txt?", dir.path(), &[]) else { return };
+    assert!(called(&t, "read_file"), "{t:#?}");
+    assert!(t.final_answer.as_deref().unwrap().contains("Maria Lopez"), "{:?}", t.final_answer);
+    assert!(t.steps.iter().skip(1).all(|s| s.stats.reused_tokens > 0));
+}
