@@ -216,14 +216,31 @@ fn bound(v: &mut Value, opts: &DecisionOptions) {
     }
 }
 
+/// A decision schema compiled for validation (compile once, check every decision).
+pub struct DecisionValidator {
+    validator: jsonschema::Validator,
+}
+
+impl DecisionValidator {
+    pub fn new(schema: &Value) -> Result<Self> {
+        let validator =
+            jsonschema::validator_for(schema).map_err(|e| Error::Grammar(format!("decision schema: {e}")))?;
+        Ok(Self { validator })
+    }
+
+    /// Checks a parsed JSON value against the schema and reads it as a decision.
+    pub fn parse(&self, v: Value) -> std::result::Result<Decision, String> {
+        if let Some(e) = self.validator.iter_errors(&v).next() {
+            return Err(format!("{} (at {})", e, e.instance_path()));
+        }
+        serde_json::from_value(v).map_err(|e| format!("not a decision: {e}"))
+    }
+}
+
 /// Parses a decision from JSON text, checking it against `schema` with a JSON-schema validator.
 pub fn parse_decision(text: &str, schema: &Value) -> std::result::Result<Decision, String> {
     let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
-    let validator = jsonschema::validator_for(schema).map_err(|e| format!("decision schema: {e}"))?;
-    if let Some(e) = validator.iter_errors(&v).next() {
-        return Err(format!("{} (at {})", e, e.instance_path()));
-    }
-    serde_json::from_value(v).map_err(|e| format!("not a decision: {e}"))
+    DecisionValidator::new(schema).map_err(|e| e.to_string())?.parse(v)
 }
 
 /// The system-prompt text that tells the model its tools and the decision format, with a short example.

@@ -193,12 +193,12 @@ impl Agent {
             system.push('\n');
             system.push_str(extra);
         }
-        let schema = decision::decision_schema(&specs, &self.config.tool_choice, &self.config.decision)?;
+        let schema = StepSchema::new(&specs, &self.config.tool_choice, &self.config.decision)?;
         // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
-        let answer_only = decision::decision_schema(&specs, &ToolChoice::None, &self.config.decision)?;
+        let answer_only = StepSchema::new(&specs, &ToolChoice::None, &self.config.decision)?;
         let first_call =
             (self.config.first_decision_calls && self.config.tool_choice == ToolChoice::Auto && !specs.is_empty())
-                .then(|| decision::decision_schema(&specs, &ToolChoice::Required, &self.config.decision))
+                .then(|| StepSchema::new(&specs, &ToolChoice::Required, &self.config.decision))
                 .transpose()?;
         let mut force_answer = false;
         let observation_role = self.driver.observation_role();
@@ -272,7 +272,7 @@ impl Agent {
         &mut self,
         step: usize,
         messages: &mut [ChatMessage],
-        schema: &Value,
+        schema: &StepSchema,
         stats: &mut RunStats,
     ) -> Result<Attempt> {
         let mut feedback: Option<String> = None;
@@ -289,7 +289,7 @@ impl Agent {
             }
             let req = DecisionRequest {
                 messages: &request_messages,
-                schema,
+                schema: &schema.schema,
                 max_tokens: self.config.max_decision_tokens,
                 attempt,
             };
@@ -336,7 +336,7 @@ impl Agent {
 
     /// Extraction (a complete JSON object) and validation (the decision schema, known tools, the tools'
     /// argument schemas and validators).
-    fn check(&self, out: &DriverOutput, schema: &Value) -> std::result::Result<Decision, Failure> {
+    fn check(&self, out: &DriverOutput, schema: &StepSchema) -> std::result::Result<Decision, Failure> {
         if !out.complete {
             return Err(Failure::Extraction(format!(
                 "the reply ended before the decision was complete ({} tokens)",
@@ -360,7 +360,7 @@ impl Agent {
                 return Err(Failure::Validation(format!("{} (tool `{tool}`)", msg.trim_start_matches("Error: ")), v));
             }
         }
-        let decision = decision::parse_decision(&v.to_string(), schema).map_err(|e| Failure::Validation(e, v))?;
+        let decision = schema.validator.parse(v.clone()).map_err(|e| Failure::Validation(e, v))?;
         Ok(decision)
     }
 
@@ -433,6 +433,19 @@ impl Agent {
             kept[i].content = short.clone();
             request[i].content = short;
         }
+    }
+}
+
+/// A decision schema with its compiled validator.
+struct StepSchema {
+    schema: Value,
+    validator: decision::DecisionValidator,
+}
+
+impl StepSchema {
+    fn new(specs: &[crate::tools::ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<Self> {
+        let schema = decision::decision_schema(specs, choice, opts)?;
+        Ok(Self { validator: decision::DecisionValidator::new(&schema)?, schema })
     }
 }
 

@@ -2,6 +2,7 @@
 //! a timeout, and panics caught. Every failure becomes a [`CallOutcome`] whose observation the model sees;
 //! nothing here aborts a run.
 
+use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -80,6 +81,8 @@ impl CallOutcome {
 /// Validates and runs calls against a tool set.
 pub struct Executor {
     tools: ToolSet,
+    /// Each tool's compiled argument validator (or why its schema does not compile), by name.
+    validators: HashMap<String, std::result::Result<jsonschema::Validator, String>>,
     timeout: Duration,
     interceptors: Vec<Box<dyn Interceptor>>,
 }
@@ -87,7 +90,12 @@ pub struct Executor {
 impl Executor {
     /// An executor over `tools` with a per-call timeout.
     pub fn new(tools: ToolSet, timeout: Duration) -> Self {
-        Self { tools, timeout, interceptors: Vec::new() }
+        let validators = tools
+            .specs()
+            .into_iter()
+            .map(|s| (s.name, jsonschema::validator_for(&s.parameters).map_err(|e| e.to_string())))
+            .collect();
+        Self { tools, validators, timeout, interceptors: Vec::new() }
     }
 
     /// Adds an interceptor (they run in the order added).
@@ -109,8 +117,13 @@ impl Executor {
                 known: self.tools.names().into_iter().map(String::from).collect(),
             });
         };
-        let validator = jsonschema::validator_for(&tool.spec().parameters)
-            .map_err(|e| CallOutcome::InvalidArgs { message: format!("the tool's schema is invalid: {e}") })?;
+        let validator = match self.validators.get(&call.tool) {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => {
+                return Err(CallOutcome::InvalidArgs { message: format!("the tool's schema is invalid: {e}") })
+            }
+            None => unreachable!("every tool of the set has a validator entry"),
+        };
         if let Some(e) = validator.iter_errors(&call.args).next() {
             let at = e.instance_path().to_string();
             let at = if at.is_empty() { String::new() } else { format!(" at {at}") };
