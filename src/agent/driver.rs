@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::events::DecisionStats;
 use crate::decode::constraint::{Grammar, GrammarEngine};
-use crate::decode::generate::{generate_continuing, GenerateParams, StopReason};
+use crate::decode::generate::{generate_continuing, GenerateParams, Prompt, StopReason};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
 use crate::model::{LanguageModel, Model};
@@ -147,8 +147,7 @@ impl Driver for ModelDriver {
             &mut self.model,
             &tok,
             &stops,
-            &prompt,
-            reused,
+            Prompt { tokens: &prompt, cached: reused },
             &params,
             constraint.as_mut(),
             &mut |_| {},

@@ -131,23 +131,29 @@ pub fn generate_with(
     constraint: Option<&mut Constraint>,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
-    generate_continuing(model, tok, stop_tokens, prompt, 0, params, constraint, on_text)
+    generate_continuing(model, tok, stop_tokens, Prompt { tokens: prompt, cached: 0 }, params, constraint, on_text)
 }
 
-/// [`generate_with`] when the model's KV cache already holds `prompt[..cached]` (a prefix kept from an
-/// earlier call): only the rest of the prompt is computed. At least the last prompt token is always run,
-/// since its logits start the generation.
-#[allow(clippy::too_many_arguments)]
+/// A prompt of which the first `cached` tokens are already in the model's KV cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Prompt<'a> {
+    pub tokens: &'a [u32],
+    pub cached: usize,
+}
+
+/// [`generate_with`] when the model's KV cache already holds a prefix of the prompt (kept from an earlier
+/// call): only the rest is computed. At least the last prompt token is always run, since its logits start
+/// the generation.
 pub fn generate_continuing(
     model: &mut dyn LanguageModel,
     tok: &Tokenizer,
     stop_tokens: &[u32],
-    prompt: &[u32],
-    cached: usize,
+    prompt: Prompt<'_>,
     params: &GenerateParams,
     mut constraint: Option<&mut Constraint>,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
+    let Prompt { tokens: prompt, cached } = prompt;
     let capacity = model.context_length();
     if prompt.len() >= capacity {
         return Err(Error::ContextOverflow { needed: prompt.len() + 1, capacity });
