@@ -42,6 +42,7 @@ pub mod bench;
 pub mod catalog;
 pub mod decode;
 pub mod error;
+pub mod eval;
 pub mod model;
 pub mod text;
 pub mod tools;

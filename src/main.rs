@@ -37,6 +37,50 @@ enum Cmd {
     Bench(BenchArgs),
     /// Run an agent task: decisions under the tool grammar, tool calls, observations, a final answer.
     Run(RunArgs),
+    /// Run a JSONL task file and score the tool calls.
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// The task file (JSONL).
+    tasks: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Where the result lines go (appended to with --resume).
+    #[arg(long)]
+    out: PathBuf,
+    /// Record the calls of each task's first decision without executing anything.
+    #[arg(long)]
+    dry_run: bool,
+    /// Run at most N tasks.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Skip the tasks whose ids are already in --out.
+    #[arg(long)]
+    resume: bool,
+    /// auto, required, none, or a tool name.
+    #[arg(long, default_value = "auto")]
+    tool_choice: String,
+    /// Allow up to N tool calls in one decision.
+    #[arg(long)]
+    parallel_calls: Option<usize>,
+    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
+    #[arg(long)]
+    no_grammar: bool,
+    #[arg(long, default_value_t = 8)]
+    max_steps: usize,
+    #[arg(long, default_value_t = 2)]
+    max_retries: usize,
+    /// Write the summary as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    summary_json: Option<PathBuf>,
+    /// Tools file(s) implementing task functions (without --dry-run).
+    #[arg(long, value_name = "FILE")]
+    tools: Vec<PathBuf>,
+    /// Root of the built-in file tools (without --dry-run).
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
 }
 
 #[derive(Args)]
@@ -243,6 +287,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Generate(a) => generate(a)?,
         Cmd::Run(a) => return run_agent(a),
+        Cmd::Eval(a) => eval(a)?,
         Cmd::Bench(a) => {
             let mut model = load(&a.model)?;
             let params =
@@ -569,4 +614,84 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         }
     }
     Ok(if transcript.final_answer.is_some() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn eval(a: EvalArgs) -> Result<()> {
+    use reagent::agent::{AgentConfig, Driver, ModelDriver};
+    use reagent::eval::{finished_ids, load_tasks, run_eval, EvalOptions, Summary};
+    use reagent::tools::{builtin_tools, load_tools_file, BuiltinOptions};
+
+    let tool_choice: reagent::ToolChoice = a.tool_choice.parse()?;
+    let tasks = load_tasks(&a.tasks)?;
+    let mut previous = if a.resume { finished_ids(&a.out)? } else { Vec::new() };
+    let done: std::collections::HashSet<String> = previous.iter().map(|r| r.id.clone()).collect();
+    let todo: Vec<_> = tasks.into_iter().filter(|t| !done.contains(&t.id)).collect();
+    let mut tools = Vec::new();
+    if !a.dry_run {
+        tools = builtin_tools(&BuiltinOptions { root: a.root.clone(), ..Default::default() })?;
+        for f in &a.tools {
+            tools.extend(load_tools_file(f)?);
+        }
+    }
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(a.resume)
+        .write(true)
+        .truncate(!a.resume)
+        .open(&a.out)
+        .with_context(|| format!("opening {}", a.out.display()))?;
+    let mut out = std::io::BufWriter::new(out);
+    let model = load(&a.model)?;
+    let driver: Box<dyn Driver> = if a.no_grammar {
+        Box::new(ModelDriver::free_form(model, Sampling::Greedy, 0))
+    } else {
+        Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?)
+    };
+    let opts = EvalOptions {
+        dry_run: a.dry_run,
+        limit: a.limit,
+        agent: AgentConfig {
+            tool_choice,
+            max_steps: a.max_steps,
+            max_retries: a.max_retries,
+            decision: reagent::DecisionOptions { parallel_calls: a.parallel_calls, ..Default::default() },
+            ..AgentConfig::default()
+        },
+    };
+    let total = opts.limit.map_or(todo.len(), |l| l.min(todo.len()));
+    let pb = indicatif::ProgressBar::new(total as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} tasks, {msg}, ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    if !done.is_empty() {
+        eprintln!("resuming: {} tasks already in {}", done.len(), a.out.display());
+    }
+    let t0 = std::time::Instant::now();
+    let (_, results) = run_eval(driver, &todo, &tools, &opts, &mut out, &mut |n, _| {
+        pb.set_position(n as u64);
+        pb.set_message(format!("{:.1} tasks/min", n as f64 * 60.0 / t0.elapsed().as_secs_f64().max(1e-9)));
+    })?;
+    pb.finish_and_clear();
+    previous.extend(results);
+    let s = Summary::of(&previous);
+    eprintln!(
+        "{} tasks: {} valid on the first try ({:.0}%), {} retries; {} in {:.2} s/task, {:.1} tok/s",
+        s.tasks,
+        s.valid_first_try,
+        100.0 * s.valid_first_try as f64 / s.tasks.max(1) as f64,
+        s.retries,
+        match s.accuracy {
+            Some(acc) => format!("exact match {}/{} ({:.0}%)", s.correct, s.scored, acc * 100.0),
+            None => "no expected answers".into(),
+        },
+        s.mean_seconds,
+        s.tok_s
+    );
+    if let Some(p) = &a.summary_json {
+        std::fs::write(p, serde_json::to_string_pretty(&s)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
 }

@@ -96,6 +96,11 @@ impl AgentBuilder {
         self.driver = Some(Box::new(d));
         self
     }
+    /// A driver already boxed (to move one driver, and its loaded model, from agent to agent).
+    pub fn boxed_driver(mut self, d: Box<dyn Driver>) -> Self {
+        self.driver = Some(d);
+        self
+    }
     /// A constrained driver over `model` with greedy decoding.
     pub fn model(self, model: crate::Model) -> Result<Self> {
         Ok(self.driver(ModelDriver::constrained(model, crate::Sampling::Greedy, 0)?))
@@ -183,15 +188,31 @@ impl Agent {
         }
     }
 
+    /// Gives the driver back (with its model and KV cache), for the next agent.
+    pub fn into_driver(self) -> Box<dyn Driver> {
+        self.driver
+    }
+
     /// Runs `task` to a final answer or a stop reason. Errors are only for failures outside the run's
     /// control (the driver's model failing); everything else ends in the transcript's stop reason.
     pub fn run(&mut self, task: &str) -> Result<Transcript> {
+        self.run_conversation(&[ChatMessage::user(task)])
+    }
+
+    /// [`run`](Self::run) for a conversation: its system messages are added to the agent's system prompt,
+    /// the other turns follow it.
+    pub fn run_conversation(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
+        if !conversation.iter().any(|m| m.role == Role::User) {
+            return Err(Error::InvalidArgument("the conversation has no user message".into()));
+        }
+        let task = conversation.iter().rev().find(|m| m.role == Role::User).map(|m| m.content.as_str()).unwrap_or("");
         let t0 = Instant::now();
         let specs = self.executor.tools().specs();
         let mut system = decision::decision_instructions(&specs, &self.config.tool_choice, &self.config.decision);
-        if let Some(extra) = &self.config.system_prompt {
+        let extra = self.config.system_prompt.iter().map(String::as_str);
+        for text in extra.chain(conversation.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str())) {
             system.push('\n');
-            system.push_str(extra);
+            system.push_str(text);
         }
         let schema = StepSchema::new(&specs, &self.config.tool_choice, &self.config.decision)?;
         // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
@@ -202,7 +223,8 @@ impl Agent {
                 .transpose()?;
         let mut force_answer = false;
         let observation_role = self.driver.observation_role();
-        let mut messages = vec![ChatMessage::system(system), ChatMessage::user(task)];
+        let mut messages = vec![ChatMessage::system(system)];
+        messages.extend(conversation.iter().filter(|m| m.role != Role::System).cloned());
         let names = specs.iter().map(|s| s.name.clone()).collect();
         self.emit(AgentEvent::RunStarted { task: task.into(), tools: names, driver: self.driver.name().into() });
         let mut steps: Vec<Step> = Vec::new();

@@ -1,0 +1,300 @@
+//! `reagent eval`: runs a JSONL task file through the agent and scores the tool calls.
+//!
+//! A task is `{"id", "question"}` or `{"id", "messages": [{role, content}…]}`, with `"functions"` in the
+//! common function format and optionally `"expected": [{"name", "arguments"}]`. With `dry_run` the functions
+//! have no implementations: the first decision's calls are recorded and the task ends there (a first
+//! `final_answer` means "no call"). Otherwise the whole loop runs, the functions bound to the built-in or
+//! file tools of the same name.
+//!
+//! One result line is written (and flushed) per task as soon as it ends, so an interrupted eval keeps
+//! every finished task and `resume` skips them. The model stays loaded across tasks, and because the
+//! driver keeps its KV cache, tasks with the same function set reuse the prefilled system prompt.
+
+use std::collections::HashSet;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::agent::{Agent, AgentConfig, Driver, StopReason, ToolChoice};
+use crate::error::{Error, Result};
+use crate::text::chat::ChatMessage;
+use crate::tools::{FnTool, Tool, ToolError, ToolSpec};
+
+/// One expected call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpectedCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Value,
+}
+
+/// One task of a task file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalTask {
+    pub id: String,
+    #[serde(default)]
+    pub question: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    pub functions: Vec<Value>,
+    #[serde(default)]
+    pub expected: Option<Vec<ExpectedCall>>,
+}
+
+/// Reads a task file; errors name the line.
+pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut tasks = Vec::new();
+    let mut ids = HashSet::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(|e| Error::io(path, e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |m: String| Error::InvalidArgument(format!("{}:{}: {m}", path.display(), i + 1));
+        let t: EvalTask = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        if t.question.is_some() == t.messages.is_some() {
+            return Err(bad("a task needs exactly one of `question` and `messages`".into()));
+        }
+        for f in &t.functions {
+            ToolSpec::from_function_json(f).map_err(|e| bad(e.to_string()))?;
+        }
+        if !ids.insert(t.id.clone()) {
+            return Err(bad(format!("duplicate id `{}`", t.id)));
+        }
+        tasks.push(t);
+    }
+    Ok(tasks)
+}
+
+/// How to run an eval.
+#[derive(Debug, Clone, Default)]
+pub struct EvalOptions {
+    /// Record the first decision's calls only; functions are not executed.
+    pub dry_run: bool,
+    /// Run at most this many tasks (after skipping finished ones).
+    pub limit: Option<usize>,
+    /// Agent settings (tool choice, parallel calls, steps, retries…).
+    pub agent: AgentConfig,
+}
+
+/// One call as recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordedCall {
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// One output line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub id: String,
+    pub calls: Vec<RecordedCall>,
+    pub final_answer: Option<String>,
+    pub stop_reason: String,
+    pub steps: usize,
+    pub retries: usize,
+    /// The first decision was valid at the first attempt.
+    pub valid_first_try: bool,
+    pub prompt_tokens: usize,
+    pub reused_tokens: usize,
+    pub generated_tokens: usize,
+    pub seconds: f64,
+    /// Exact match with `expected`, when the task has one.
+    pub correct: Option<bool>,
+}
+
+/// Totals of an eval.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub tasks: usize,
+    pub valid_first_try: usize,
+    pub retries: usize,
+    pub scored: usize,
+    pub correct: usize,
+    pub accuracy: Option<f64>,
+    pub mean_seconds: f64,
+    pub generated_tokens: usize,
+    pub tok_s: f64,
+}
+
+impl Summary {
+    /// Totals over result lines (for example a whole output file after a resume).
+    pub fn of(results: &[TaskResult]) -> Self {
+        let n = results.len();
+        let secs: f64 = results.iter().map(|r| r.seconds).sum();
+        let generated: usize = results.iter().map(|r| r.generated_tokens).sum();
+        let scored = results.iter().filter(|r| r.correct.is_some()).count();
+        let correct = results.iter().filter(|r| r.correct == Some(true)).count();
+        Self {
+            tasks: n,
+            valid_first_try: results.iter().filter(|r| r.valid_first_try).count(),
+            retries: results.iter().map(|r| r.retries).sum(),
+            scored,
+            correct,
+            accuracy: (scored > 0).then(|| correct as f64 / scored as f64),
+            mean_seconds: if n > 0 { secs / n as f64 } else { 0.0 },
+            generated_tokens: generated,
+            tok_s: if secs > 0.0 { generated as f64 / secs } else { 0.0 },
+        }
+    }
+}
+
+/// Whether `calls` are exactly the expected ones: the same names with the same arguments, in any order.
+/// Numbers compare numerically (`2` = `2.0`); an argument the task did not expect is allowed only when it
+/// equals the schema's `default`.
+pub fn matches_expected(expected: &[ExpectedCall], calls: &[RecordedCall], functions: &[ToolSpec]) -> bool {
+    if expected.len() != calls.len() {
+        return false;
+    }
+    let mut used = vec![false; calls.len()];
+    expected.iter().all(|e| {
+        let schema = functions.iter().find(|f| f.name == e.name).map(|f| &f.parameters);
+        let hit = calls
+            .iter()
+            .enumerate()
+            .find(|(i, c)| !used[*i] && c.name == e.name && args_match(&e.arguments, &c.arguments, schema));
+        match hit {
+            Some((i, _)) => {
+                used[i] = true;
+                true
+            }
+            None => false,
+        }
+    })
+}
+
+fn args_match(expected: &Value, got: &Value, schema: Option<&Value>) -> bool {
+    let (Some(e), Some(g)) = (expected.as_object(), got.as_object()) else { return json_eq(expected, got) };
+    let default = |k: &str| schema.and_then(|s| s["properties"][k].get("default"));
+    e.iter().all(|(k, v)| g.get(k).is_some_and(|x| json_eq(v, x)))
+        && g.iter().all(|(k, v)| e.contains_key(k) || default(k).is_some_and(|d| json_eq(d, v)))
+}
+
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Reads the ids already in an output file and cuts a last line left incomplete by an interruption.
+pub fn finished_ids(out: &Path) -> Result<Vec<TaskResult>> {
+    let Ok(mut text) = std::fs::read_to_string(out) else { return Ok(Vec::new()) };
+    if !text.is_empty() && !text.ends_with('\n') {
+        let keep = text.rfind('\n').map_or(0, |i| i + 1);
+        text.truncate(keep);
+        std::fs::write(out, &text).map_err(|e| Error::io(out, e))?;
+    }
+    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// Runs `tasks` on `driver`, appending one line per task to `out` (flushed each time) and calling
+/// `progress(done, total)` after each. `tools` implement functions by name when not in dry-run mode.
+/// Returns the driver (to reuse its model) and the results of this call.
+pub fn run_eval(
+    mut driver: Box<dyn Driver>,
+    tasks: &[EvalTask],
+    tools: &[Arc<dyn Tool>],
+    opts: &EvalOptions,
+    out: &mut dyn Write,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(Box<dyn Driver>, Vec<TaskResult>)> {
+    let total = opts.limit.map_or(tasks.len(), |l| l.min(tasks.len()));
+    let mut results = Vec::with_capacity(total);
+    for task in &tasks[..total] {
+        let specs: Vec<ToolSpec> = task.functions.iter().map(ToolSpec::from_function_json).collect::<Result<_>>()?;
+        let bound: Vec<Arc<dyn Tool>> = specs.iter().map(|s| bind(s, tools, opts.dry_run)).collect();
+        let mut config = opts.agent.clone();
+        if opts.dry_run {
+            config.max_steps = 1;
+        }
+        if specs.is_empty() && config.tool_choice == ToolChoice::Auto {
+            config.tool_choice = ToolChoice::None;
+        }
+        let t0 = Instant::now();
+        let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
+        let messages = match (&task.messages, &task.question) {
+            (Some(m), _) => m.clone(),
+            (None, Some(q)) => vec![ChatMessage::user(q.clone())],
+            (None, None) => unreachable!("checked by load_tasks"),
+        };
+        let transcript = agent.run_conversation(&messages);
+        driver = agent.into_driver();
+        let t = transcript?;
+        let first_calls = t.steps.first().map(|s| s.decision.calls()).unwrap_or_default();
+        let calls: Vec<RecordedCall> = if opts.dry_run {
+            first_calls.into_iter().map(|c| RecordedCall { name: c.tool, arguments: c.args }).collect()
+        } else {
+            t.steps
+                .iter()
+                .flat_map(|s| &s.calls)
+                .map(|c| RecordedCall { name: c.call.tool.clone(), arguments: c.call.args.clone() })
+                .collect()
+        };
+        let stop_reason = match (&t.stop_reason, opts.dry_run) {
+            (StopReason::MaxSteps { .. }, true) => "first_decision".to_string(),
+            (s, _) => serde_json::to_value(s)?["kind"].as_str().unwrap_or("unknown").to_string(),
+        };
+        let correct = task.expected.as_ref().map(|e| matches_expected(e, &calls, &specs));
+        let result = TaskResult {
+            id: task.id.clone(),
+            calls,
+            final_answer: t.final_answer.clone(),
+            stop_reason,
+            steps: t.steps.len(),
+            retries: t.stats.retries,
+            valid_first_try: t.steps.first().is_some_and(|s| s.retries == 0),
+            prompt_tokens: t.stats.prompt_tokens,
+            reused_tokens: t.stats.reused_tokens,
+            generated_tokens: t.stats.generated_tokens,
+            seconds: t0.elapsed().as_secs_f64(),
+            correct,
+        };
+        let mut line = serde_json::to_string(&result)?;
+        line.push('\n');
+        out.write_all(line.as_bytes()).and_then(|_| out.flush()).map_err(|e| Error::io("eval output", e))?;
+        results.push(result);
+        progress(results.len(), total);
+    }
+    Ok((driver, results))
+}
+
+/// A task function as a tool: in dry-run mode a stub (never executed: the run stops after the first
+/// decision), otherwise the built-in or file tool of the same name, or a stub that reports it has none.
+fn bind(spec: &ToolSpec, tools: &[Arc<dyn Tool>], dry_run: bool) -> Arc<dyn Tool> {
+    if !dry_run {
+        if let Some(t) = tools.iter().find(|t| t.spec().name == spec.name) {
+            return Arc::new(Rebound { spec: spec.clone(), inner: t.clone() });
+        }
+    }
+    let name = spec.name.clone();
+    Arc::new(FnTool::new(spec.clone(), move |_| {
+        Err(ToolError(format!("`{name}` has no implementation in this evaluation")))
+    }))
+}
+
+/// A tool implementation under the task's own description of it.
+struct Rebound {
+    spec: ToolSpec,
+    inner: Arc<dyn Tool>,
+}
+
+impl Tool for Rebound {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
+        self.inner.call(args)
+    }
+}

@@ -1,0 +1,144 @@
+//! `reagent eval`: task files, scoring, output lines, resume (also after a kill), on scripted decisions and
+//! on the real test model.
+
+mod common;
+
+use std::process::Command;
+
+use reagent::agent::{AgentConfig, ScriptedDriver};
+use reagent::eval::{
+    finished_ids, load_tasks, matches_expected, run_eval, EvalOptions, ExpectedCall, RecordedCall, Summary,
+};
+use reagent::ToolSpec;
+use serde_json::json;
+
+fn suite() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/eval_tasks.jsonl")
+}
+
+#[test]
+fn the_suite_loads_and_covers_every_kind_of_task() {
+    let tasks = load_tasks(&suite()).unwrap();
+    assert!(tasks.len() >= 60);
+    for kind in ["single", "choose", "parallel", "none", "nested", "messages"] {
+        assert!(tasks.iter().any(|t| t.id.starts_with(kind)), "{kind}");
+    }
+    assert!(tasks.iter().all(|t| t.expected.is_some()));
+    assert!(tasks.iter().any(|t| t.expected.as_ref().unwrap().len() == 2), "parallel calls");
+    assert!(tasks.iter().any(|t| t.expected.as_ref().unwrap().is_empty()), "no call");
+}
+
+#[test]
+fn bad_task_files_name_the_line() {
+    let p = common::scratch().join("bad-tasks.jsonl");
+    std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\"}\n{\"id\":\"b\"}\n").unwrap();
+    let e = load_tasks(&p).unwrap_err().to_string();
+    assert!(e.contains("bad-tasks.jsonl:2") && e.contains("question"), "{e}");
+    std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\"}\n{\"id\":\"a\",\"question\":\"r\"}\n").unwrap();
+    assert!(load_tasks(&p).unwrap_err().to_string().contains("duplicate id `a`"));
+    std::fs::write(&p, "{\"id\":\"a\",\"question\":\"q\",\"functions\":[{\"name\":\"bad name\"}]}\n").unwrap();
+    assert!(load_tasks(&p).unwrap_err().to_string().contains(":1:"));
+}
+
+#[test]
+fn scoring_compares_names_and_arguments_numerically_in_any_order() {
+    let spec = ToolSpec::new(
+        "w",
+        "",
+        json!({"type":"object","properties":{"city":{"type":"string"},"unit":{"type":"string","default":"c"},"n":{"type":"number"}}}),
+    )
+    .unwrap();
+    let e = |a| ExpectedCall { name: "w".into(), arguments: a };
+    let c = |a| RecordedCall { name: "w".into(), arguments: a };
+    let specs = [spec];
+    assert!(matches_expected(&[e(json!({"n": 2}))], &[c(json!({"n": 2.0}))], &specs));
+    assert!(matches_expected(&[e(json!({"city": "A"}))], &[c(json!({"city": "A", "unit": "c"}))], &specs));
+    assert!(!matches_expected(&[e(json!({"city": "A"}))], &[c(json!({"city": "A", "unit": "f"}))], &specs));
+    assert!(!matches_expected(&[e(json!({"city": "A"}))], &[c(json!({"city": "B"}))], &specs));
+    assert!(matches_expected(
+        &[e(json!({"city": "A"})), e(json!({"city": "B"}))],
+        &[c(json!({"city": "B"})), c(json!({"city": "A"}))],
+        &specs
+    ));
+    assert!(!matches_expected(&[e(json!({"city": "A"}))], &[], &specs));
+    assert!(matches_expected(&[], &[], &specs));
+}
+
+fn call(tool: &str, args: serde_json::Value) -> String {
+    json!({"thought": "t", "type": "call_tool", "tool": tool, "args": args}).to_string()
+}
+
+#[test]
+fn dry_run_records_first_decisions_and_resume_skips_finished_tasks() {
+    let tasks = load_tasks(&suite()).unwrap();
+    let first: Vec<String> = vec![
+        call("get_weather", json!({"city": "Paris"})),
+        call("get_weather", json!({"city": "Kyoto", "unit": "fahrenheit"})),
+        json!({"thought": "t", "type": "final_answer", "answer": "no"}).to_string(),
+    ];
+    let opts = EvalOptions { dry_run: true, limit: Some(3), agent: AgentConfig::default() };
+    let out_path = common::scratch().join("eval-out.jsonl");
+    let mut out = std::fs::File::create(&out_path).unwrap();
+    let mut seen = Vec::new();
+    let (_, results) =
+        run_eval(Box::new(ScriptedDriver::new(first)), &tasks, &[], &opts, &mut out, &mut |n, t| seen.push((n, t)))
+            .unwrap();
+    assert_eq!(seen, [(1, 3), (2, 3), (3, 3)]);
+    assert_eq!(results[0].correct, Some(true));
+    assert_eq!(results[1].correct, Some(false), "wrong city");
+    assert_eq!(results[2].calls, []);
+    assert_eq!(results[2].stop_reason, "final_answer");
+    assert_eq!(results[0].stop_reason, "first_decision");
+    // The file holds the same lines; a cut-off last line (an interrupted write) is dropped on resume.
+    let mut text = std::fs::read_to_string(&out_path).unwrap();
+    text.push_str("{\"id\":\"single-04\",\"cal");
+    std::fs::write(&out_path, &text).unwrap();
+    let done = finished_ids(&out_path).unwrap();
+    assert_eq!(done, results);
+    assert!(std::fs::read_to_string(&out_path).unwrap().ends_with("}\n"));
+    let s = Summary::of(&done);
+    assert_eq!((s.tasks, s.scored, s.correct, s.valid_first_try), (3, 3, 1, 3));
+}
+
+#[test]
+fn eval_on_the_test_model_writes_lines_and_resumes_after_a_kill() {
+    let model = common::real_model_path("smollm2-135m");
+    let out = common::scratch().join("eval-smol.jsonl");
+    let summary = common::scratch().join("eval-smol-summary.json");
+    let cmd = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_reagent"));
+        c.args(["eval", suite().to_str().unwrap(), "--model", model.to_str().unwrap(), "--dry-run"])
+            .args(["--out", out.to_str().unwrap(), "--parallel-calls", "2"])
+            .args(extra);
+        c
+    };
+    // Start, wait for two finished lines, kill.
+    let mut child = cmd(&["--limit", "30"]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while std::fs::read_to_string(&out).map_or(0, |t| t.lines().count()) < 2 {
+        assert!(std::time::Instant::now() < deadline, "no output lines");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = finished_ids(&out).unwrap();
+    assert!(before.len() >= 2);
+    let o = cmd(&["--resume", "--limit", "3", "--summary-json", summary.to_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let after = finished_ids(&out).unwrap();
+    assert_eq!(after.len(), before.len() + 3);
+    let mut ids: Vec<&str> = after.iter().map(|r| r.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), after.len(), "no task twice");
+    assert_eq!(&after[..before.len()], &before[..]);
+    for r in &after {
+        assert!(r.valid_first_try, "constrained decisions are valid: {r:?}");
+        assert!(r.correct.is_some() && r.generated_tokens > 0 && r.seconds > 0.0);
+        assert!(matches!(r.stop_reason.as_str(), "first_decision" | "final_answer"), "{r:?}");
+    }
+    // Tasks after the first share the system prompt prefix.
+    assert!(after[1..].iter().any(|r| r.reused_tokens > 0));
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(s["tasks"], after.len());
+}
