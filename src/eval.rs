@@ -62,8 +62,15 @@ pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
         if t.question.is_some() == t.messages.is_some() {
             return Err(bad("a task needs exactly one of `question` and `messages`".into()));
         }
+        let mut names = HashSet::new();
         for f in &t.functions {
-            ToolSpec::from_function_json(f).map_err(|e| bad(e.to_string()))?;
+            let spec = ToolSpec::from_function_json(f).map_err(|e| bad(e.to_string()))?;
+            if !names.insert(spec.name.clone()) {
+                return Err(bad(format!("function `{}` is defined twice", spec.name)));
+            }
+        }
+        if t.messages.as_ref().is_some_and(|m| !m.iter().any(|m| m.role == crate::text::chat::Role::User)) {
+            return Err(bad("`messages` has no user turn".into()));
         }
         if !ids.insert(t.id.clone()) {
             return Err(bad(format!("duplicate id `{}`", t.id)));
@@ -171,6 +178,9 @@ pub fn matches_expected(expected: &[ExpectedCall], calls: &[RecordedCall], funct
 }
 
 fn args_match(expected: &Value, got: &Value, schema: Option<&Value>) -> bool {
+    // An expected call without `arguments` means no arguments.
+    let empty = Value::Object(Default::default());
+    let expected = if expected.is_null() { &empty } else { expected };
     let (Some(e), Some(g)) = (expected.as_object(), got.as_object()) else { return json_eq(expected, got) };
     let default = |k: &str| schema.and_then(|s| s["properties"][k].get("default"));
     e.iter().all(|(k, v)| g.get(k).is_some_and(|x| json_eq(v, x)))
@@ -223,6 +233,28 @@ pub fn run_eval(
             config.tool_choice = ToolChoice::None;
         }
         let t0 = Instant::now();
+        // A task the settings cannot run (say `--tool-choice NAME` and a task without NAME) gets a result
+        // line saying so; checked before the driver, which holds the loaded model, is handed over.
+        if let Err(e) = crate::agent::decision::decision_schema(&specs, &config.tool_choice, &config.decision) {
+            let result = TaskResult {
+                id: task.id.clone(),
+                calls: Vec::new(),
+                final_answer: None,
+                stop_reason: format!("invalid_task: {e}"),
+                steps: 0,
+                retries: 0,
+                valid_first_try: false,
+                prompt_tokens: 0,
+                reused_tokens: 0,
+                generated_tokens: 0,
+                seconds: 0.0,
+                correct: task.expected.as_ref().map(|_| false),
+            };
+            write_line(out, &result)?;
+            results.push(result);
+            progress(results.len(), total);
+            continue;
+        }
         let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
         let messages = match (&task.messages, &task.question) {
             (Some(m), _) => m.clone(),
@@ -261,13 +293,18 @@ pub fn run_eval(
             seconds: t0.elapsed().as_secs_f64(),
             correct,
         };
-        let mut line = serde_json::to_string(&result)?;
-        line.push('\n');
-        out.write_all(line.as_bytes()).and_then(|_| out.flush()).map_err(|e| Error::io("eval output", e))?;
+        write_line(out, &result)?;
         results.push(result);
         progress(results.len(), total);
     }
     Ok((driver, results))
+}
+
+/// Writes one result line and flushes it, so a kill never loses a finished task.
+fn write_line(out: &mut dyn Write, result: &TaskResult) -> Result<()> {
+    let mut line = serde_json::to_string(result)?;
+    line.push('\n');
+    out.write_all(line.as_bytes()).and_then(|_| out.flush()).map_err(|e| Error::io("eval output", e))
 }
 
 /// A task function as a tool: in dry-run mode a stub (never executed: the run stops after the first

@@ -142,3 +142,25 @@ fn eval_on_the_test_model_writes_lines_and_resumes_after_a_kill() {
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     assert_eq!(s["tasks"], after.len());
 }
+
+#[test]
+fn a_task_the_settings_cannot_run_gets_a_line_and_the_eval_goes_on() {
+    let tasks = load_tasks(&suite()).unwrap();
+    // `get_weather` is forced, but `single-07` (a currency task) has no such function.
+    let picked: Vec<_> = tasks.iter().filter(|t| t.id == "single-01" || t.id == "single-07").cloned().collect();
+    let opts = EvalOptions {
+        dry_run: true,
+        limit: None,
+        agent: AgentConfig {
+            tool_choice: reagent::ToolChoice::Specific("get_weather".into()),
+            ..AgentConfig::default()
+        },
+    };
+    let driver = ScriptedDriver::new([call("get_weather", json!({"city": "Paris"}))]);
+    let mut out = Vec::new();
+    let (_, results) = run_eval(Box::new(driver), &picked, &[], &opts, &mut out, &mut |_, _| {}).unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0].correct, Some(true));
+    assert!(results[1].stop_reason.starts_with("invalid_task") && results[1].stop_reason.contains("get_weather"));
+    assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2);
+}

@@ -123,12 +123,12 @@ impl Driver for ModelDriver {
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         let t = Instant::now();
         let prompt = self.tokens(req.messages)?;
-        let reused = if self.reuse_prefix {
-            self.cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count()
-        } else {
-            self.model.truncate(0);
-            0
-        };
+        let reused =
+            if self.reuse_prefix { self.cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count() } else { 0 };
+        // From here on the cache beyond `reused` is being overwritten: if generation fails midway, the
+        // next call must not trust more than this prefix.
+        self.cached.truncate(reused);
+        self.model.truncate(reused);
         let mut constraint = match &self.engine {
             Some(e) => Some(e.constraint(&Grammar::JsonSchema(req.schema.clone()))?),
             None => None,
@@ -156,11 +156,13 @@ impl Driver for ModelDriver {
         let in_cache = self.model.cache_len();
         self.cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
         self.prompt_len = prompt.len();
+        // Under a grammar: complete when the grammar is (even if the last token also hit the limit).
+        // Free: when it stopped by itself, or a whole JSON object came out before the limit cut it.
         let complete = match (&constraint, &g.stop) {
-            (Some(_), StopReason::GrammarComplete) => true,
-            (Some(c), StopReason::StopToken { .. }) => c.is_finished(),
-            (Some(_), _) => false,
-            (None, s) => !matches!(s, StopReason::MaxTokens | StopReason::ContextFull),
+            (Some(c), s) => c.is_finished() || *s == StopReason::GrammarComplete,
+            (None, s) => {
+                !matches!(s, StopReason::MaxTokens | StopReason::ContextFull) || extract_json(&g.text).is_some()
+            }
         };
         let stats = DecisionStats {
             prompt_tokens: prompt.len(),

@@ -412,6 +412,8 @@ impl Agent {
         }
         self.emit(AgentEvent::ToolCallStarted { step, call: call.clone() });
         let t = Instant::now();
+        // Repeats are judged on the calls the model made, before interceptors rewrite them.
+        let asked = call.clone();
         let (call, outcome) = self.executor.execute(call);
         match &outcome {
             CallOutcome::Blocked { reason } => {
@@ -424,7 +426,7 @@ impl Agent {
                 seconds: t.elapsed().as_secs_f64(),
             }),
         }
-        recent.push((call.clone(), outcome.clone()));
+        recent.push((asked, outcome.clone()));
         (call, outcome)
     }
 

@@ -151,11 +151,19 @@ fn confine(root: &Path, rel: &str, must_exist: bool) -> std::result::Result<Path
 }
 
 fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, ToolError> {
+    use std::io::Read;
     let path = confine(root, rel, true)?;
-    let bytes = std::fs::read(&path).map_err(|e| ToolError(format!("{rel}: {e}")))?;
-    let mut text = String::from_utf8_lossy(&bytes[..bytes.len().min(max)]).into_owned();
-    if bytes.len() > max {
-        text.push_str(&format!("\n[... cut: the file has {} bytes, {max} shown]", bytes.len()));
+    let err = |e: std::io::Error| ToolError(format!("{rel}: {e}"));
+    let meta = std::fs::metadata(&path).map_err(err)?;
+    if !meta.is_file() {
+        return Err(ToolError(format!("`{rel}` is not a regular file")));
+    }
+    // Never more than `max` bytes in memory, whatever the file's size.
+    let mut bytes = Vec::new();
+    std::fs::File::open(&path).map_err(err)?.take(max as u64).read_to_end(&mut bytes).map_err(err)?;
+    let mut text = String::from_utf8_lossy(&bytes).into_owned();
+    if meta.len() > max as u64 {
+        text.push_str(&format!("\n[... cut: the file has {} bytes, {max} shown]", meta.len()));
     }
     Ok(Value::String(text))
 }
@@ -221,6 +229,7 @@ mod tests {
         write_file(&root, "sub/b.txt", "new").unwrap();
         assert_eq!(std::fs::read_to_string(root.join("sub/b.txt")).unwrap(), "new");
         assert_eq!(std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(), "secret");
+        assert!(read_file(&root, "sub", 100).unwrap_err().0.contains("not a regular file"));
         let cut = read_file(&root, "sub/a.txt", 2).unwrap();
         assert!(cut.as_str().unwrap().starts_with("he\n[... cut"));
     }
