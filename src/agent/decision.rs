@@ -271,55 +271,50 @@ pub fn decision_instructions(tools: &[ToolSpec], choice: &ToolChoice, opts: &Dec
             "When you know the answer: {\"thought\":\"<your reasoning>\",\"type\":\"final_answer\",\
              \"answer\":\"<the answer>\"}\n",
         );
+        if matches!(choice, ToolChoice::Auto) && !tools.is_empty() {
+            s.push_str("If no listed tool helps with the task, give the final answer directly.\n");
+        }
     }
     s.push_str("Never repeat a call you already made: use its observation. As soon as the observations answer the task, give the final answer.\n");
     if *choice != ToolChoice::None && !tools.is_empty() {
         // A concrete exchange with a made-up tool: small models copy placeholders literally, and they
-        // need to see the answer being taken from the observation.
+        // need to see the answer being taken from the observation. The made-up tool is used rather than
+        // one of the listed ones: an example call to a real tool gets copied into unrelated tasks.
+        let parallel = opts.parallel_calls.is_some_and(|n| n > 1);
         s.push_str(
-            "\nExample of a whole exchange, with a made-up tool `lookup_notes` (use only the tools listed above):\n\
-             User: When is the dentist appointment?\n\
-             You: {\"thought\":\"The notes may say when the appointment is.\",\"type\":\"call_tool\",\
-             \"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}}\n\
-             User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm; bring the card\n",
+            "\nExample of a whole exchange, with a made-up tool `lookup_notes` (use only the tools listed above):\n",
         );
-        if matches!(choice, ToolChoice::Auto) {
+        if parallel {
             s.push_str(
-                "You: {\"thought\":\"The notes say the appointment is Friday at 3 pm.\",\"type\":\"final_answer\",\
-                 \"answer\":\"Friday at 3 pm\"}\n",
+                "User: When are the dentist and the vet appointments?\n\
+                 You: {\"thought\":\"Two independent lookups: I make both calls at once.\",\"type\":\"call_tools\",\
+                 \"calls\":[{\"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}},\
+                 {\"tool\":\"lookup_notes\",\"args\":{\"query\":\"vet\"}}]}\n\
+                 User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm\n\
+                 lookup_notes {\"query\":\"vet\"} returned: vet: Monday 9 am\n",
             );
+            if matches!(choice, ToolChoice::Auto) {
+                s.push_str(
+                    "You: {\"thought\":\"The notes give both times.\",\"type\":\"final_answer\",\
+                     \"answer\":\"Dentist: Friday at 3 pm; vet: Monday at 9 am\"}\n",
+                );
+            }
+        } else {
+            s.push_str(
+                "User: When is the dentist appointment?\n\
+                 You: {\"thought\":\"The notes may say when the appointment is.\",\"type\":\"call_tool\",\
+                 \"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}}\n\
+                 User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm; bring the card\n",
+            );
+            if matches!(choice, ToolChoice::Auto) {
+                s.push_str(
+                    "You: {\"thought\":\"The notes say the appointment is Friday at 3 pm.\",\"type\":\"final_answer\",\
+                     \"answer\":\"Friday at 3 pm\"}\n",
+                );
+            }
         }
-        let t = &tools[0];
-        s.push_str(&format!(
-            "A call to {name} looks like: {{\"thought\":\"I need {name} for this.\",\"type\":\"call_tool\",\
-             \"tool\":\"{name}\",\"args\":{args}}}\n",
-            name = t.name,
-            args = example_args(&t.parameters)
-        ));
     }
     s
-}
-
-/// A placeholder argument object for the example: each required property with a value of its type.
-fn example_args(schema: &Value) -> Value {
-    let mut out = Map::new();
-    let required: Vec<&str> =
-        schema["required"].as_array().map(|r| r.iter().filter_map(|x| x.as_str()).collect()).unwrap_or_default();
-    if let Some(props) = schema["properties"].as_object() {
-        for (k, p) in props.iter().filter(|(k, _)| required.contains(&k.as_str())) {
-            let v = match (&p["enum"], p["type"].as_str()) {
-                (Value::Array(e), _) if !e.is_empty() => e[0].clone(),
-                (_, Some("integer")) => json!(1),
-                (_, Some("number")) => json!(1.5),
-                (_, Some("boolean")) => json!(true),
-                (_, Some("array")) => json!([]),
-                (_, Some("object")) => json!({}),
-                _ => json!("..."),
-            };
-            out.insert(k.clone(), v);
-        }
-    }
-    Value::Object(out)
 }
 
 #[cfg(test)]
