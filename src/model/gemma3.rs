@@ -6,13 +6,12 @@
 //! base `gemma3.rope.freq_base`); output tied to the embeddings. The base model has no chat template in
 //! the file, so its turn format lives here.
 
-use std::sync::Arc;
-
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 
 use super::gguf::GgufFile;
 use super::layers::{
     attention, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm, Rope, RopeStyle,
+    Weight,
 };
 use crate::error::Result;
 
@@ -50,7 +49,7 @@ struct Block {
 /// A loaded Gemma 3 model with its KV cache.
 pub struct Gemma3 {
     hp: Hparams,
-    embed: Arc<candle_core::quantized::QTensor>,
+    embed: Weight,
     blocks: Vec<Block>,
     norm: RmsNorm,
     output: Linear,
@@ -66,7 +65,7 @@ impl Gemma3 {
         let hp = Hparams::read(g, "gemma3")?;
         let (d, hd) = (hp.dim, hp.head_dim);
         let window = g.usize_or("gemma3.attention.sliding_window", 512)?;
-        let embed = Arc::new(g.tensor("token_embd.weight", Some(&[hp.vocab, d]), dev)?);
+        let embed = Weight::load(g, "token_embd.weight", [hp.vocab, d], dev)?;
         let mut blocks = Vec::with_capacity(hp.layers);
         for i in 0..hp.layers {
             let p = format!("blk.{i}");
@@ -91,7 +90,7 @@ impl Gemma3 {
         let output = if g.has_tensor("output.weight") {
             Linear::load(g, "output", [hp.vocab, d], dev)?
         } else {
-            Linear::from_arc(embed.clone())?
+            Linear::new(embed.clone())?
         };
         let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, dev)?;
         let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;
@@ -121,8 +120,7 @@ impl Gemma3 {
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
         let pos = self.len;
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = (self.embed.embedding(&ids)?.unsqueeze(0)? * (hp.dim as f64).sqrt())?;
+        let mut x = (self.embed.rows(tokens, &self.device)?.unsqueeze(0)? * (hp.dim as f64).sqrt())?;
         let scale = 1.0 / (hd as f64).sqrt();
         for b in &mut self.blocks {
             let h = b.attn_norm.forward(&x)?;

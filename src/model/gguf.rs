@@ -5,10 +5,15 @@
 //! size; this wrapper adds the path to errors, checks up front that every tensor's bytes lie inside the file
 //! (so a truncated download fails at open time, naming the first tensor cut off), and offers typed metadata
 //! getters that say which key is missing or mistyped.
+//!
+//! The file is memory-mapped: weights in the types reagent's own kernels read ([`MappedTensor`]) are used
+//! in place, so loading copies nothing and the weights count once in memory (as page cache); other
+//! tensors are copied into candle `QTensor`s from the map.
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{Cursor, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
@@ -19,7 +24,25 @@ use crate::error::{Error, Result};
 pub struct GgufFile {
     path: PathBuf,
     content: gguf_file::Content,
-    reader: BufReader<File>,
+    map: Arc<memmap2::Mmap>,
+}
+
+/// A tensor's bytes inside the memory-mapped file, in GGUF's own layout.
+#[derive(Clone)]
+pub struct MappedTensor {
+    map: Arc<memmap2::Mmap>,
+    offset: usize,
+    len: usize,
+    /// Shape, outermost dimension first.
+    pub dims: Vec<usize>,
+    pub dtype: GgmlDType,
+}
+
+impl MappedTensor {
+    /// The tensor's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
 }
 
 /// ggml type ids that candle does not know, so errors can name them.
@@ -53,12 +76,17 @@ impl GgufFile {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let file_len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
-        let mut reader = BufReader::with_capacity(1 << 16, file);
-        let mut magic = [0u8; 4];
         let invalid = |reason: String| Error::InvalidGguf { path: path.clone(), reason };
-        if reader.read_exact(&mut magic).is_err() {
+        if file_len < 4 {
             return Err(invalid(format!("file is only {file_len} bytes long")));
         }
+        // SAFETY: the map is read-only. Another process truncating or rewriting the file while it is in use
+        // is outside what reagent can guard against (as with every mmap-based loader); the catalogue writes
+        // model files once, under a temporary name, and renames them into place.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?);
+        let mut reader = Cursor::new(&map[..]);
+        let mut magic = [0u8; 4];
+        reader.read_exact(&mut magic).map_err(|e| Error::io(&path, e))?;
         if &magic != b"GGUF" {
             return Err(invalid(format!("bad magic {:?} (expected \"GGUF\")", String::from_utf8_lossy(&magic))));
         }
@@ -95,7 +123,7 @@ impl GgufFile {
                 )));
             }
         }
-        Ok(Self { path, content, reader })
+        Ok(Self { path, content, map })
     }
 
     /// The file's path.
@@ -265,23 +293,38 @@ impl GgufFile {
         Ok((info.shape.dims().to_vec(), info.ggml_dtype))
     }
 
-    /// Reads a tensor onto `device`, checking its shape when `expected` is given (outermost dimension first).
-    pub fn tensor(&mut self, name: &str, expected: Option<&[usize]>, device: &Device) -> Result<QTensor> {
-        let (dims, _) = self.tensor_info(name)?;
-        if let Some(exp) = expected {
-            if dims != exp {
-                return Err(Error::Tensor {
-                    path: self.path.clone(),
-                    tensor: name.to_string(),
-                    reason: format!("shape {dims:?}, expected {exp:?}"),
-                });
-            }
+    fn check_shape(&self, name: &str, dims: &[usize], expected: Option<&[usize]>) -> Result<()> {
+        match expected {
+            Some(exp) if dims != exp => Err(Error::Tensor {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+                reason: format!("shape {dims:?}, expected {exp:?}"),
+            }),
+            _ => Ok(()),
         }
-        self.content.tensor(&mut self.reader, name, device).map_err(|e| Error::Tensor {
+    }
+
+    /// Reads a tensor onto `device`, checking its shape when `expected` is given (outermost dimension first).
+    pub fn tensor(&self, name: &str, expected: Option<&[usize]>, device: &Device) -> Result<QTensor> {
+        let (dims, _) = self.tensor_info(name)?;
+        self.check_shape(name, &dims, expected)?;
+        let mut reader = Cursor::new(&self.map[..]);
+        self.content.tensor(&mut reader, name, device).map_err(|e| Error::Tensor {
             path: self.path.clone(),
             tensor: name.to_string(),
             reason: e.to_string(),
         })
+    }
+
+    /// A tensor's bytes in place in the mapped file, checking its shape when `expected` is given.
+    pub fn mapped(&self, name: &str, expected: Option<&[usize]>) -> Result<MappedTensor> {
+        let (dims, dtype) = self.tensor_info(name)?;
+        self.check_shape(name, &dims, expected)?;
+        let info = &self.content.tensor_infos[name];
+        let len = info.shape.elem_count() / dtype.block_size() * dtype.type_size();
+        // `open` checked that every tensor lies inside the file.
+        let offset = (self.content.tensor_data_offset + info.offset) as usize;
+        Ok(MappedTensor { map: self.map.clone(), offset, len, dims, dtype })
     }
 
     /// Total bytes of tensor data of the given type, used for summaries.

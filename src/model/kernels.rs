@@ -1,5 +1,6 @@
-//! CPU mat-vec kernels for the 32-element block quantizations (Q4_0, Q4_1, Q5_0, Q8_0) that candle 0.11
-//! runs through a scalar path (Q4_1, Q5_0) or that we want on the same fast path (Q4_0, Q8_0).
+//! CPU mat-vec kernels for the quantizations of the catalogue's files: the 32-element block types (Q4_0,
+//! Q4_1, Q5_0, Q8_0), which candle 0.11 runs through a scalar path (Q4_1, Q5_0) or that we want on the same
+//! fast path (Q4_0, Q8_0), and the 256-element K-quant super-blocks Q4_K and Q6_K.
 //!
 //! Decode multiplies each weight matrix by one activation row. As in llama.cpp, the row is first quantized
 //! to 8 bits per 32-element block ([`Q8Block`]: an f32 scale, the block's integer sum, 32 × i8), so the
@@ -49,6 +50,31 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
     }
 }
 
+/// Quantizes `x` for a matrix of type `t`: the K-quant kernels need the 8 blocks of each 256-element
+/// super-block to share one scale (so sub-block scales can be applied to integer sums); the others get a
+/// scale per 32-element block.
+pub fn quantize_row_q8_for(t: BlockType, x: &[f32], out: &mut [Q8Block]) {
+    let group = t.block_elems() / QK;
+    if group == 1 {
+        return quantize_row_q8(x, out);
+    }
+    debug_assert_eq!(x.len(), out.len() * QK);
+    for (xg, bg) in x.chunks_exact(group * QK).zip(out.chunks_exact_mut(group)) {
+        let amax = xg.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (xb, b) in xg.chunks_exact(QK).zip(bg.iter_mut()) {
+            let mut sum = 0i32;
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                *q = (v * inv).round() as i8;
+                sum += *q as i32;
+            }
+            b.d = d;
+            b.sum = sum;
+        }
+    }
+}
+
 /// The weight types these kernels handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockType {
@@ -56,6 +82,10 @@ pub enum BlockType {
     Q4_1,
     Q5_0,
     Q8_0,
+    /// 256-element super-blocks: 8 sub-blocks of 32 with 6-bit scales and minimums, 4-bit quants.
+    Q4K,
+    /// 256-element super-blocks: 16 sub-blocks of 16 with 8-bit scales, 6-bit quants.
+    Q6K,
 }
 
 impl BlockType {
@@ -66,8 +96,23 @@ impl BlockType {
             GgmlDType::Q4_1 => Some(Self::Q4_1),
             GgmlDType::Q5_0 => Some(Self::Q5_0),
             GgmlDType::Q8_0 => Some(Self::Q8_0),
+            GgmlDType::Q4K => Some(Self::Q4K),
+            GgmlDType::Q6K => Some(Self::Q6K),
             _ => None,
         }
+    }
+
+    /// Elements per block (super-block for the K-quants).
+    pub fn block_elems(self) -> usize {
+        match self {
+            Self::Q4K | Self::Q6K => 256,
+            _ => QK,
+        }
+    }
+
+    /// Bytes of a row of `cols` elements.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_elems() * self.block_bytes()
     }
 
     /// Bytes per block.
@@ -77,6 +122,8 @@ impl BlockType {
             Self::Q4_1 => 20,
             Self::Q5_0 => 22,
             Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q6K => 210,
         }
     }
 }
@@ -116,13 +163,108 @@ pub fn dequantize_block(t: BlockType, b: &[u8], out: &mut [f32]) {
                 out[j] = d * (b[2 + j] as i8) as f32;
             }
         }
+        BlockType::Q4K => {
+            let (d, dmin) = (f16(b), f16(&b[2..]));
+            let scales: &[u8; 12] = b[4..16].try_into().expect("12 bytes");
+            for j in 0..4 {
+                let qs = &b[16 + 32 * j..48 + 32 * j];
+                let (s0, m0) = q4k_scale_min(2 * j, scales);
+                let (s1, m1) = q4k_scale_min(2 * j + 1, scales);
+                for l in 0..32 {
+                    out[64 * j + l] = d * s0 as f32 * (qs[l] & 0xF) as f32 - dmin * m0 as f32;
+                    out[64 * j + 32 + l] = d * s1 as f32 * (qs[l] >> 4) as f32 - dmin * m1 as f32;
+                }
+            }
+        }
+        BlockType::Q6K => {
+            let d = f16(&b[208..]);
+            for (i, o) in out[..256].iter_mut().enumerate() {
+                *o = d * (b[192 + i / 16] as i8) as f32 * (q6k_quant(b, i) as i32 - 32) as f32;
+            }
+        }
     }
 }
 
+/// Q4_K's 6-bit scale and minimum of sub-block `j` (0..8), packed in 12 bytes.
+fn q4k_scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    }
+}
+
+/// Q6_K's unsigned 6-bit quant (0..63, offset 32) of element `i` of a super-block: the low 4 bits in `ql`
+/// (bytes 0..128), the high 2 in `qh` (bytes 128..192). Each 128-element half takes 64 `ql` bytes (low
+/// nibbles: elements 0..64, high nibbles: 64..128) and 32 `qh` bytes (2 bits for each of 4 elements 32 apart).
+fn q6k_quant(b: &[u8], i: usize) -> u8 {
+    let (half, e) = (i / 128, i % 128);
+    let (quarter, l) = (e / 32, e % 32);
+    let ql = b[64 * half + 32 * (quarter % 2) + l];
+    let low = if quarter < 2 { ql & 0xF } else { ql >> 4 };
+    let high = (b[128 + 32 * half + l] >> (2 * quarter)) & 3;
+    low | (high << 4)
+}
+
+/// A whole `rows × cols` matrix in GGUF block layout dequantized to f32 (row-major), rows split across
+/// threads.
+pub fn dequantize(t: BlockType, w: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    dequantize_on(Tier::best(), t, w, rows, cols)
+}
+
+/// [`dequantize`] on a given tier, which must be one of [`Tier::supported`].
+pub fn dequantize_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, cols: usize) -> Vec<f32> {
+    assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
+    let row_bytes = t.row_bytes(cols);
+    assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {cols} columns");
+    // Every element is written below; skipping the zero fill saves a pass over the whole matrix.
+    let mut out: Vec<f32> = Vec::with_capacity(rows * cols);
+    const ROWS_PER_ITEM: usize = 64;
+    let out_ptr = out.as_mut_ptr() as usize;
+    candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(ROWS_PER_ITEM), |items| {
+        let first = items.start * ROWS_PER_ITEM;
+        let last = rows.min(items.end * ROWS_PER_ITEM);
+        let src = &w[first * row_bytes..last * row_bytes];
+        let blocks = src.len() / t.block_bytes();
+        let o = (out_ptr as *mut f32).wrapping_add(first * cols);
+        #[cfg(target_arch = "x86_64")]
+        if tier != Tier::Scalar {
+            use avx2::*;
+            // SAFETY: AVX2/FMA/F16C are present (checked above); `src` holds `blocks` whole blocks and the
+            // work items write disjoint ranges of `out`'s allocation (`last <= rows`).
+            unsafe {
+                match code(t) {
+                    Q4_0 => dequantize_blocks::<Q4_0>(src.as_ptr(), blocks, o),
+                    Q4_1 => dequantize_blocks::<Q4_1>(src.as_ptr(), blocks, o),
+                    Q5_0 => dequantize_blocks::<Q5_0>(src.as_ptr(), blocks, o),
+                    Q8_0 => dequantize_blocks::<Q8_0>(src.as_ptr(), blocks, o),
+                    Q4K => dequantize_blocks::<Q4K>(src.as_ptr(), blocks, o),
+                    _ => dequantize_blocks::<Q6K>(src.as_ptr(), blocks, o),
+                }
+            }
+            return;
+        }
+        // SAFETY: as above; the range is zeroed before it is viewed as floats.
+        let o = unsafe {
+            std::ptr::write_bytes(o, 0, (last - first) * cols);
+            std::slice::from_raw_parts_mut(o, (last - first) * cols)
+        };
+        for (b, ob) in src.chunks_exact(t.block_bytes()).zip(o.chunks_exact_mut(t.block_elems())) {
+            dequantize_block(t, b, ob);
+        }
+    });
+    // SAFETY: the work items covered rows 0..rows, and each wrote all of its rows' elements.
+    unsafe { out.set_len(rows * cols) };
+    out
+}
+
 /// Unsigned weight quants of one block (Q4 nibbles 0..15, Q5 values 0..31, Q8 signed) and how the block
-/// turns `Σ w·x` into a float: `d_w·d_x·(Σ q·qx − offset·Σ qx) + min·d_x·Σ qx`.
-fn block_dot_scalar(t: BlockType, b: &[u8], x: &Q8Block) -> f32 {
+/// turns `Σ w·x` into a float: `d_w·d_x·(Σ q·qx − offset·Σ qx) + min·d_x·Σ qx`. K-quant super-blocks take
+/// 8 activation blocks and apply a scale (and Q4_K's minimum) per sub-block.
+fn block_dot_scalar(t: BlockType, b: &[u8], xs: &[Q8Block]) -> f32 {
+    let dot = |q: &[i32], x: &[i8]| -> i32 { q.iter().zip(x).map(|(&a, &b)| a * b as i32).sum() };
     let mut q = [0i32; QK];
+    let x = &xs[0];
     let (d, offset, min) = match t {
         BlockType::Q4_0 | BlockType::Q4_1 => {
             let qs = if t == BlockType::Q4_1 { &b[4..20] } else { &b[2..18] };
@@ -150,14 +292,43 @@ fn block_dot_scalar(t: BlockType, b: &[u8], x: &Q8Block) -> f32 {
             }
             (f16(b), 0, 0.0)
         }
+        BlockType::Q4K => {
+            let (d, dmin) = (f16(b), f16(&b[2..]));
+            let scales: &[u8; 12] = b[4..16].try_into().expect("12 bytes");
+            let mut total = 0f32;
+            for (s, x) in xs[..8].iter().enumerate() {
+                let (j, high) = (s / 2, s % 2 == 1);
+                for l in 0..QK {
+                    let v = b[16 + 32 * j + l];
+                    q[l] = if high { v >> 4 } else { v & 0xF } as i32;
+                }
+                let (sc, m) = q4k_scale_min(s, scales);
+                total += d * sc as f32 * x.d * dot(&q, &x.qs) as f32 - dmin * m as f32 * x.d * x.sum as f32;
+            }
+            return total;
+        }
+        BlockType::Q6K => {
+            let d = f16(&b[208..]);
+            let mut total = 0f32;
+            for (blk, x) in xs[..8].iter().enumerate() {
+                for (l, v) in q.iter_mut().enumerate() {
+                    *v = q6k_quant(b, QK * blk + l) as i32 - 32;
+                }
+                for h in 0..2 {
+                    let sc = b[192 + 2 * blk + h] as i8;
+                    total += d * sc as f32 * x.d * dot(&q[16 * h..16 * h + 16], &x.qs[16 * h..16 * h + 16]) as f32;
+                }
+            }
+            return total;
+        }
     };
-    let dot: i32 = q.iter().zip(&x.qs).map(|(&a, &b)| a * b as i32).sum();
-    d * x.d * (dot - offset * x.sum) as f32 + min * x.d * x.sum as f32
+    d * x.d * (dot(&q, &x.qs) - offset * x.sum) as f32 + min * x.d * x.sum as f32
 }
 
 /// Scalar dot product of one weight row (GGUF blocks) with a quantized activation row.
 pub fn row_dot_scalar(t: BlockType, row: &[u8], x: &[Q8Block]) -> f32 {
-    row.chunks_exact(t.block_bytes()).zip(x).map(|(b, xb)| block_dot_scalar(t, b, xb)).sum()
+    let per = t.block_elems() / QK;
+    row.chunks_exact(t.block_bytes()).zip(x.chunks_exact(per)).map(|(b, xs)| block_dot_scalar(t, b, xs)).sum()
 }
 
 /// Which implementation of the kernels runs.
@@ -207,8 +378,10 @@ pub fn matvec(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32])
 /// [`matvec`] on a given tier, which must be one of [`Tier::supported`].
 pub fn matvec_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32]) {
     assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
-    let row_bytes = x.len() * t.block_bytes();
-    assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {} blocks", x.len());
+    let cols = x.len() * QK;
+    assert_eq!(cols % t.block_elems(), 0, "{cols} columns are not whole {t:?} blocks");
+    let row_bytes = t.row_bytes(cols);
+    assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {cols} columns");
     assert_eq!(y.len(), rows);
     // Small matrices are not worth waking the workers for.
     if rows * row_bytes < 64 * 1024 {
@@ -237,6 +410,8 @@ mod avx2 {
     pub(super) const Q4_1: u8 = 1;
     pub(super) const Q5_0: u8 = 2;
     pub(super) const Q8_0: u8 = 3;
+    pub(super) const Q4K: u8 = 4;
+    pub(super) const Q6K: u8 = 5;
 
     pub(super) fn code(t: BlockType) -> u8 {
         match t {
@@ -244,6 +419,8 @@ mod avx2 {
             BlockType::Q4_1 => Q4_1,
             BlockType::Q5_0 => Q5_0,
             BlockType::Q8_0 => Q8_0,
+            BlockType::Q4K => Q4K,
+            BlockType::Q6K => Q6K,
         }
     }
 
@@ -252,6 +429,8 @@ mod avx2 {
             Q4_0 => 18,
             Q4_1 => 20,
             Q5_0 => 22,
+            Q4K => 144,
+            Q6K => 210,
             _ => 34,
         }
     }
@@ -352,6 +531,188 @@ mod avx2 {
         out
     }
 
+    /// Dot products of `R` K-quant weight rows with `x`, whose 8 activation blocks per super-block share
+    /// one scale (see [`super::quantize_row_q8_for`]).
+    ///
+    /// As in llama.cpp, each sub-block's 6- or 8-bit scale is applied in the integer domain: `maddubs`
+    /// gives pair sums of quant × activation as i16 and `madd` with the scale broadcast as i16 turns them
+    /// into i32, so a super-block costs one conversion and one FMA per row. Q4_K: each 32-byte chunk of
+    /// quants holds two sub-blocks (low nibbles, high nibbles) lined up with two activation blocks; its
+    /// minimums contribute `−dmin·d_x·Σ min·Σ qx`. Q6_K: four 32-element quarters per 128-element half,
+    /// assembled from `ql` nibbles and `qh` bit pairs as unsigned 0..63; the offset 32 comes off as
+    /// `maddubs(32, qx)` (computed once for all rows), and each 16-element half takes its own scale.
+    #[inline(always)]
+    unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: usize, x: &[Q8Block]) -> [f32; R] {
+        let bb = block_bytes(T);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut mins = [0f32; R];
+        let m4 = _mm256_set1_epi8(0x0F);
+        for (sb, xs) in x.chunks_exact(8).enumerate() {
+            let qx: [__m256i; 8] = std::array::from_fn(|i| _mm256_loadu_si256(xs[i].qs.as_ptr() as *const __m256i));
+            let dx = xs[0].d;
+            if T == Q4K {
+                for r in 0..R {
+                    let b = rows.add(r * stride + sb * bb);
+                    let (d, dmin) = (f16(b), f16(b.add(2)));
+                    let sc: &[u8; 12] = &*(b.add(4) as *const [u8; 12]);
+                    let mut sumi = _mm256_setzero_si256();
+                    let mut summ = 0i32;
+                    for j in 0..4 {
+                        let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
+                        let lo = _mm256_and_si256(v, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        let (s0, n0) = super::q4k_scale_min(2 * j, sc);
+                        let (s1, n1) = super::q4k_scale_min(2 * j + 1, sc);
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, qx[2 * j]), _mm256_set1_epi16(s0 as i16));
+                        let p1 =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qx[2 * j + 1]), _mm256_set1_epi16(s1 as i16));
+                        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+                        summ += n0 as i32 * xs[2 * j].sum + n1 as i32 * xs[2 * j + 1].sum;
+                    }
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
+                    mins[r] -= dmin * dx * summ as f32;
+                }
+            } else {
+                let off: [__m256i; 8] = std::array::from_fn(|i| _mm256_maddubs_epi16(_mm256_set1_epi8(32), qx[i]));
+                let m2 = _mm256_set1_epi8(0x30);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let b = rows.add(r * stride + sb * bb);
+                    let d = f16(b.add(208));
+                    let sc = b.add(192) as *const i8;
+                    let mut sumi = _mm256_setzero_si256();
+                    for half in 0..2 {
+                        let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                        let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                        let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                        let q = [
+                            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                            ),
+                        ];
+                        for (k, qk) in q.iter().enumerate() {
+                            let i = 4 * half + k;
+                            let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, qx[i]), off[i]);
+                            let s = _mm256_set_m128i(
+                                _mm_set1_epi16(*sc.add(2 * i + 1) as i16),
+                                _mm_set1_epi16(*sc.add(2 * i) as i16),
+                            );
+                            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
+                        }
+                    }
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), *acc);
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            out[r] = hsum(acc[r]) + mins[r];
+        }
+        out
+    }
+
+    /// Writes 32 floats `q[l]·s_l + c` for bytes `q` (unsigned, or signed when `SIGNED`), where `s_l` is
+    /// `s0` for elements 0..16 and `s1` for 16..32.
+    #[inline(always)]
+    unsafe fn store_affine<const SIGNED: bool>(q: __m256i, s0: f32, s1: f32, c: f32, out: *mut f32) {
+        let mut bytes = [0u8; 32];
+        _mm256_storeu_si256(bytes.as_mut_ptr() as *mut __m256i, q);
+        let cv = _mm256_set1_ps(c);
+        for g in 0..4 {
+            let b8 = _mm_loadl_epi64(bytes.as_ptr().add(8 * g) as *const __m128i);
+            let i = if SIGNED { _mm256_cvtepi8_epi32(b8) } else { _mm256_cvtepu8_epi32(b8) };
+            let s = _mm256_set1_ps(if g < 2 { s0 } else { s1 });
+            _mm256_storeu_ps(out.add(8 * g), _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), s, cv));
+        }
+    }
+
+    /// Dequantizes `n` consecutive blocks of type `T` at `src` into `out` (`n · elements per block` floats).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequantize_blocks<const T: u8>(src: *const u8, n: usize, out: *mut f32) {
+        let bb = block_bytes(T);
+        for i in 0..n {
+            let b = src.add(i * bb);
+            match T {
+                Q4_0 | Q4_1 | Q5_0 => {
+                    let d = f16(b);
+                    let (q, c) = match T {
+                        Q4_0 => (nibbles(b.add(2)), -8.0 * d),
+                        Q4_1 => (nibbles(b.add(4)), f16(b.add(2))),
+                        _ => (
+                            _mm256_or_si256(
+                                nibbles(b.add(6)),
+                                fifth_bits(std::ptr::read_unaligned(b.add(2) as *const u32)),
+                            ),
+                            -16.0 * d,
+                        ),
+                    };
+                    store_affine::<false>(q, d, d, c, out.add(32 * i));
+                }
+                Q8_0 => {
+                    let d = f16(b);
+                    store_affine::<true>(_mm256_loadu_si256(b.add(2) as *const __m256i), d, d, 0.0, out.add(32 * i));
+                }
+                Q4K => {
+                    let (d, dmin) = (f16(b), f16(b.add(2)));
+                    let sc: &[u8; 12] = &*(b.add(4) as *const [u8; 12]);
+                    let m4 = _mm256_set1_epi8(0x0F);
+                    for j in 0..4 {
+                        let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
+                        let (s0, n0) = super::q4k_scale_min(2 * j, sc);
+                        let (s1, n1) = super::q4k_scale_min(2 * j + 1, sc);
+                        let o = out.add(256 * i + 64 * j);
+                        let (f0, f1) = (d * s0 as f32, d * s1 as f32);
+                        store_affine::<false>(_mm256_and_si256(v, m4), f0, f0, -dmin * n0 as f32, o);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        store_affine::<false>(hi, f1, f1, -dmin * n1 as f32, o.add(32));
+                    }
+                }
+                _ => {
+                    // Q6_K: the quarters as in `rows_dot_k_impl`, minus the offset 32 in the float domain.
+                    let d = f16(b.add(208));
+                    let sc = b.add(192) as *const i8;
+                    let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+                    for half in 0..2 {
+                        let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                        let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                        let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                        let q = [
+                            _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+                            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+                            ),
+                        ];
+                        for (k, qk) in q.iter().enumerate() {
+                            let blk = 4 * half + k;
+                            let (s0, s1) = (d * *sc.add(2 * blk) as f32, d * *sc.add(2 * blk + 1) as f32);
+                            // (q − 32)·s = q·s − 32·s, with a different s per 16-element half.
+                            let o = out.add(256 * i + 32 * blk);
+                            store_affine::<false>(*qk, s0, s1, 0.0, o);
+                            for l in 0..32 {
+                                *o.add(l) -= 32.0 * if l < 16 { s0 } else { s1 };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
+        rows: *const u8,
+        stride: usize,
+        x: &[Q8Block],
+    ) -> [f32; R] {
+        rows_dot_k_impl::<T, R>(rows, stride, x)
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(
         rows: *const u8,
@@ -399,11 +760,16 @@ fn rows_dot_into(tier: Tier, t: BlockType, w: &[u8], row_bytes: usize, first: us
                 (Q4_0, false) => run!(rows_dot, Q4_0),
                 (Q4_1, false) => run!(rows_dot, Q4_1),
                 (Q5_0, false) => run!(rows_dot, Q5_0),
-                (_, false) => run!(rows_dot, Q8_0),
+                (Q8_0, false) => run!(rows_dot, Q8_0),
+                (Q4K, false) => run!(rows_dot_k, Q4K),
+                (_, false) => run!(rows_dot_k, Q6K),
                 (Q4_0, true) => run!(rows_dot_vnni, Q4_0),
                 (Q4_1, true) => run!(rows_dot_vnni, Q4_1),
                 (Q5_0, true) => run!(rows_dot_vnni, Q5_0),
-                (_, true) => run!(rows_dot_vnni, Q8_0),
+                (Q8_0, true) => run!(rows_dot_vnni, Q8_0),
+                // The K-quant kernels scale in the integer domain with `madd`, which VNNI has no form of.
+                (Q4K, true) => run!(rows_dot_k, Q4K),
+                (_, true) => run!(rows_dot_k, Q6K),
             }
         }
         return;
@@ -430,7 +796,8 @@ mod tests {
             .collect()
     }
 
-    const TYPES: [GgmlDType; 4] = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0];
+    const TYPES: [GgmlDType; 6] =
+        [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
 
     /// Quantizes a random `rows × cols` matrix with candle (ggml's own quantizers) and returns its bytes
     /// and candle's dequantization of it.
@@ -445,12 +812,18 @@ mod tests {
     fn block_dequantization_matches_candle() {
         for ty in TYPES {
             let t = BlockType::of(ty).unwrap();
-            let (bytes, deq) = matrix(ty, 3, 96, 1);
-            let mut out = vec![0f32; 3 * 96];
-            for (b, o) in bytes.chunks_exact(t.block_bytes()).zip(out.chunks_exact_mut(QK)) {
+            let (bytes, deq) = matrix(ty, 3, 512, 1);
+            let mut out = vec![0f32; 3 * 512];
+            for (b, o) in bytes.chunks_exact(t.block_bytes()).zip(out.chunks_exact_mut(t.block_elems())) {
                 dequantize_block(t, b, o);
             }
             assert_eq!(out, deq, "{ty:?}");
+            for tier in Tier::supported() {
+                let simd = dequantize_on(tier, t, &bytes, 3, 512);
+                // FMA rounds once where the scalar code rounds twice.
+                let close = simd.iter().zip(&deq).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
+                assert!(close, "{tier:?} {ty:?}");
+            }
         }
     }
 
@@ -458,13 +831,16 @@ mod tests {
     fn simd_matches_scalar_and_scalar_matches_dequantized_f32() {
         // Odd shapes: 1 block, many blocks, row counts that are not multiples of the work item, and big
         // enough matrices to go through the worker pool.
-        for (rows, cols) in [(1, 32), (7, 64), (33, 800), (300, 1024)] {
+        for (rows, cols) in [(1, 32), (7, 64), (33, 800), (300, 1024), (1, 256), (9, 768), (37, 2304)] {
             for ty in TYPES {
                 let t = BlockType::of(ty).unwrap();
+                if cols % t.block_elems() != 0 {
+                    continue;
+                }
                 let (w, deq) = matrix(ty, rows, cols, rows as u64 * 7 + cols as u64);
                 let x = random(cols, 99);
                 let mut xq = vec![Q8Block::default(); cols / QK];
-                quantize_row_q8(&x, &mut xq);
+                quantize_row_q8_for(t, &x, &mut xq);
                 let row_bytes = w.len() / rows;
                 let ys: Vec<(Tier, Vec<f32>)> = Tier::supported()
                     .into_iter()

@@ -1,18 +1,81 @@
 //! Building blocks shared by the architectures: quantized linear layers, RMS norm, rotary embeddings,
 //! a truncatable KV cache and grouped-query attention.
 
+use std::sync::Arc;
+
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::gguf::GgufFile;
+use super::gguf::{GgufFile, MappedTensor};
 use super::kernels::{self, BlockType, Q8Block};
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// A weight matrix (`[rows, cols]`, outermost first). On the CPU, the 32-element block types reagent's
+/// kernels handle are read in place from the memory-mapped file; everything else (K-quants, floats, GPU
+/// devices) is a candle `QTensor`.
+#[derive(Clone)]
+pub(crate) enum Weight {
+    Mapped { t: BlockType, m: MappedTensor },
+    Candle(Arc<QTensor>),
+}
+
+impl Weight {
+    /// Loads tensor `name` of shape `[rows, cols]`.
+    pub(crate) fn load(g: &GgufFile, name: &str, rows_cols: [usize; 2], dev: &Device) -> Result<Self> {
+        let (_, dtype) = g.tensor_info(name)?;
+        Ok(match BlockType::of(dtype) {
+            Some(t) if dev.is_cpu() => {
+                if !rows_cols[1].is_multiple_of(t.block_elems()) {
+                    return Err(Error::Tensor {
+                        path: g.path().to_path_buf(),
+                        tensor: name.to_string(),
+                        reason: format!("rows of {} elements are not whole {dtype:?} blocks", rows_cols[1]),
+                    });
+                }
+                Weight::Mapped { t, m: g.mapped(name, Some(&rows_cols))? }
+            }
+            _ => Weight::Candle(Arc::new(g.tensor(name, Some(&rows_cols), dev)?)),
+        })
+    }
+
+    fn dims(&self) -> Result<(usize, usize)> {
+        Ok(match self {
+            Weight::Mapped { m, .. } => (m.dims[0], m.dims[1]),
+            Weight::Candle(q) => q.shape().dims2()?,
+        })
+    }
+
+    /// Rows `ids` of the matrix as f32, shape `[ids.len(), cols]` (an embedding lookup).
+    pub(crate) fn rows(&self, ids: &[u32], dev: &Device) -> Result<Tensor> {
+        match self {
+            Weight::Mapped { t, m } => {
+                let (rows, cols) = self.dims()?;
+                let row_bytes = t.row_bytes(cols);
+                let w = m.bytes();
+                let mut out = vec![0f32; ids.len() * cols];
+                for (&id, o) in ids.iter().zip(out.chunks_exact_mut(cols)) {
+                    if id as usize >= rows {
+                        return Err(Error::InvalidArgument(format!(
+                            "token id {id} is outside the {rows}-row embedding"
+                        )));
+                    }
+                    let r = &w[id as usize * row_bytes..(id as usize + 1) * row_bytes];
+                    for (b, ob) in r.chunks_exact(t.block_bytes()).zip(o.chunks_exact_mut(t.block_elems())) {
+                        kernels::dequantize_block(*t, b, ob);
+                    }
+                }
+                Ok(Tensor::from_vec(out, (ids.len(), cols), dev)?)
+            }
+            Weight::Candle(q) => Ok(q.embedding(&Tensor::new(ids, dev)?)?),
+        }
+    }
+}
 
 /// A linear layer over quantized (or f32) weights, with an optional f32 bias.
 pub(crate) struct Linear {
-    w: QMatMul,
-    /// The quantized weights, kept for the batched path (see [`DEQUANT_BATCH_MIN`]).
-    q: Option<std::sync::Arc<QTensor>>,
+    w: Weight,
+    /// candle's layer over a [`Weight::Candle`].
+    mm: Option<QMatMul>,
     b: Option<Tensor>,
 }
 
@@ -26,34 +89,43 @@ pub(crate) const DEQUANT_BATCH_MIN: usize = 16;
 
 impl Linear {
     /// Loads `{name}.weight` (shape `[out, in]`) and `{name}.bias` if present.
-    pub(crate) fn load(g: &mut GgufFile, name: &str, out_in: [usize; 2], dev: &Device) -> Result<Self> {
-        let w = g.tensor(&format!("{name}.weight"), Some(&out_in), dev)?;
+    pub(crate) fn load(g: &GgufFile, name: &str, out_in: [usize; 2], dev: &Device) -> Result<Self> {
+        let w = Weight::load(g, &format!("{name}.weight"), out_in, dev)?;
         let bias_name = format!("{name}.bias");
         let b = if g.has_tensor(&bias_name) {
             Some(g.tensor(&bias_name, Some(&[out_in[0]]), dev)?.dequantize(dev)?)
         } else {
             None
         };
-        let w = std::sync::Arc::new(w);
-        Ok(Self { q: Some(w.clone()), w: QMatMul::from_arc(w)?, b })
+        let mut l = Self::new(w)?;
+        l.b = b;
+        Ok(l)
     }
 
-    /// A bias-free layer over an already loaded tensor (tied embeddings).
-    pub(crate) fn from_arc(w: std::sync::Arc<QTensor>) -> Result<Self> {
-        Ok(Self { q: Some(w.clone()), w: QMatMul::from_arc(w)?, b: None })
+    /// A bias-free layer over an already loaded weight (tied embeddings).
+    pub(crate) fn new(w: Weight) -> Result<Self> {
+        let mm = match &w {
+            Weight::Candle(q) => Some(QMatMul::from_arc(q.clone())?),
+            Weight::Mapped { .. } => None,
+        };
+        Ok(Self { w, mm, b: None })
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
-        let y = match (&self.w, &self.q) {
-            (QMatMul::QTensor(_), Some(q)) if rows >= DEQUANT_BATCH_MIN && x.device().is_cpu() => {
+        let y = match (&self.w, &self.mm) {
+            (Weight::Mapped { t, m }, _) if rows >= DEQUANT_BATCH_MIN => {
+                let (n, k) = self.w.dims()?;
+                let w = Tensor::from_vec(kernels::dequantize(*t, m.bytes(), n, k), (n, k), x.device())?;
+                x.broadcast_matmul(&w.t()?)?
+            }
+            (Weight::Mapped { t, m }, _) => block_matvec(*t, m.bytes(), self.w.dims()?, x)?,
+            (Weight::Candle(q), Some(QMatMul::QTensor(_))) if rows >= DEQUANT_BATCH_MIN && x.device().is_cpu() => {
                 let w = q.dequantize(x.device())?;
                 x.broadcast_matmul(&w.t()?)?
             }
-            (QMatMul::QTensor(_), Some(q)) if x.device().is_cpu() && BlockType::of(q.dtype()).is_some() => {
-                block_matvec(q, x)?
-            }
-            _ => self.w.forward(x)?,
+            (_, Some(mm)) => mm.forward(x)?,
+            (Weight::Candle(_), None) => unreachable!("`new` builds a QMatMul for every candle weight"),
         };
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
@@ -62,18 +134,15 @@ impl Linear {
     }
 }
 
-/// Rows of `x` times a 32-element-block quantized matrix, through reagent's own kernels.
-fn block_matvec(q: &QTensor, x: &Tensor) -> Result<Tensor> {
-    let t = BlockType::of(q.dtype()).expect("checked by the caller");
-    let (n, k) = q.shape().dims2()?;
-    let data = q.data()?;
+/// Rows of `x` times a 32-element-block quantized `[n, k]` matrix, through reagent's own kernels.
+fn block_matvec(t: BlockType, w: &[u8], (n, k): (usize, usize), x: &Tensor) -> Result<Tensor> {
     let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     let rows = xs.len() / k;
     let mut y = vec![0f32; rows * n];
     let mut xq = vec![Q8Block::default(); k / kernels::QK];
     for (xr, yr) in xs.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
-        kernels::quantize_row_q8(xr, &mut xq);
-        kernels::matvec(t, &data, n, &xq, yr);
+        kernels::quantize_row_q8_for(t, xr, &mut xq);
+        kernels::matvec(t, w, n, &xq, yr);
     }
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("at least one dimension") = n;
@@ -87,7 +156,7 @@ pub(crate) struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub(crate) fn load(g: &mut GgufFile, name: &str, dim: usize, eps: f32, dev: &Device) -> Result<Self> {
+    pub(crate) fn load(g: &GgufFile, name: &str, dim: usize, eps: f32, dev: &Device) -> Result<Self> {
         let w = g.tensor(&format!("{name}.weight"), Some(&[dim]), dev)?.dequantize(dev)?;
         Ok(Self { w, eps })
     }
@@ -262,7 +331,7 @@ pub(crate) struct GatedMlp {
 }
 
 impl GatedMlp {
-    pub(crate) fn load(g: &mut GgufFile, p: &str, dim: usize, ffn: usize, gelu: bool, dev: &Device) -> Result<Self> {
+    pub(crate) fn load(g: &GgufFile, p: &str, dim: usize, ffn: usize, gelu: bool, dev: &Device) -> Result<Self> {
         Ok(Self {
             gate: Linear::load(g, &format!("{p}.ffn_gate"), [ffn, dim], dev)?,
             up: Linear::load(g, &format!("{p}.ffn_up"), [ffn, dim], dev)?,

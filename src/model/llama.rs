@@ -4,13 +4,12 @@
 //! architectures differ only in details kept in [`Variant`]: qwen2 has biases on q/k/v and "NeoX" (split
 //! halves) rotary pairing; llama GGUF files were converted with q/k rows permuted for interleaved pairing.
 
-use std::sync::Arc;
-
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 
 use super::gguf::GgufFile;
 use super::layers::{
     attention, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm, Rope, RopeStyle,
+    Weight,
 };
 use crate::error::Result;
 
@@ -35,7 +34,7 @@ struct Block {
 /// A loaded llama-family model with its KV cache.
 pub struct Llama {
     hp: Hparams,
-    embed: Arc<candle_core::quantized::QTensor>,
+    embed: Weight,
     blocks: Vec<Block>,
     norm: RmsNorm,
     output: Linear,
@@ -53,7 +52,7 @@ impl Llama {
         };
         let hp = Hparams::read(g, arch)?;
         let (d, hd) = (hp.dim, hp.head_dim);
-        let embed = Arc::new(g.tensor("token_embd.weight", Some(&[hp.vocab, d]), dev)?);
+        let embed = Weight::load(g, "token_embd.weight", [hp.vocab, d], dev)?;
         let mut blocks = Vec::with_capacity(hp.layers);
         for i in 0..hp.layers {
             let p = format!("blk.{i}");
@@ -72,7 +71,7 @@ impl Llama {
         let output = if g.has_tensor("output.weight") {
             Linear::load(g, "output", [hp.vocab, d], dev)?
         } else {
-            Linear::from_arc(embed.clone())?
+            Linear::new(embed.clone())?
         };
         let rope_dim = g.usize_or(&format!("{arch}.rope.dimension_count"), hd)?;
         let style = match variant {
@@ -107,8 +106,7 @@ impl Llama {
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
         let pos = self.len;
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self.embed.embedding(&ids)?.unsqueeze(0)?;
+        let mut x = self.embed.rows(tokens, &self.device)?.unsqueeze(0)?;
         let scale = 1.0 / (hd as f64).sqrt();
         for b in &mut self.blocks {
             let h = b.attn_norm.forward(&x)?;
