@@ -20,17 +20,21 @@ fn random(shape: (usize, usize), seed: u64) -> Tensor {
 }
 
 fn reagent_kernels(c: &mut Criterion) {
-    let types = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0];
-    for (k, n) in [(576usize, 1536usize), (896, 4864)] {
+    let types = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+    // SmolLM2's and Qwen 0.5B's up projections, Qwen 0.5B's down projection (K-quants need k % 256 == 0).
+    for (k, n) in [(576usize, 1536usize), (896, 4864), (4864, 896)] {
         let mut g = c.benchmark_group(format!("cpu_reagent_matvec_{k}x{n}"));
         g.throughput(Throughput::Elements((k * n) as u64));
         for ty in types {
             let t = BlockType::of(ty).unwrap();
+            if k % t.block_elems() != 0 {
+                continue;
+            }
             let q = QTensor::quantize(&random((n, k), 1), ty).unwrap();
             let w = q.data().unwrap().into_owned();
             let x = random((1, k), 2).flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let mut xq = vec![Q8Block::default(); k / kernels::QK];
-            kernels::quantize_row_q8(&x, &mut xq);
+            kernels::quantize_row_q8_for(t, &x, &mut xq);
             let mut y = vec![0f32; n];
             for tier in Tier::supported() {
                 g.bench_function(BenchmarkId::new(format!("{tier:?}"), format!("{ty:?}")), |b| {
@@ -40,6 +44,20 @@ fn reagent_kernels(c: &mut Criterion) {
         }
         g.finish();
     }
+    // Prefill dequantizes each matrix to f32 before the GEMM.
+    let (k, n) = (4864usize, 896usize);
+    let mut g = c.benchmark_group(format!("cpu_reagent_dequantize_{k}x{n}"));
+    g.throughput(Throughput::Elements((k * n) as u64));
+    for ty in types {
+        let t = BlockType::of(ty).unwrap();
+        let w = QTensor::quantize(&random((n, k), 3), ty).unwrap().data().unwrap().into_owned();
+        for tier in Tier::supported() {
+            g.bench_function(BenchmarkId::new(format!("{tier:?}"), format!("{ty:?}")), |b| {
+                b.iter(|| kernels::dequantize_on(tier, t, &w, n, k))
+            });
+        }
+    }
+    g.finish();
 }
 
 fn bench(c: &mut Criterion) {
