@@ -160,21 +160,31 @@ pub fn matches_expected(expected: &[ExpectedCall], calls: &[RecordedCall], funct
     if expected.len() != calls.len() {
         return false;
     }
-    let mut used = vec![false; calls.len()];
-    expected.iter().all(|e| {
-        let schema = functions.iter().find(|f| f.name == e.name).map(|f| &f.parameters);
-        let hit = calls
-            .iter()
-            .enumerate()
-            .find(|(i, c)| !used[*i] && c.name == e.name && args_match(&e.arguments, &c.arguments, schema));
-        match hit {
-            Some((i, _)) => {
-                used[i] = true;
-                true
-            }
-            None => false,
+    // A call may fit more than one expected call (an argument left at its default fits an expectation that
+    // names it and one that does not), so pair them by search rather than first fit; lists are short.
+    let fits: Vec<Vec<bool>> = expected
+        .iter()
+        .map(|e| {
+            let schema = functions.iter().find(|f| f.name == e.name).map(|f| &f.parameters);
+            calls.iter().map(|c| c.name == e.name && args_match(&e.arguments, &c.arguments, schema)).collect()
+        })
+        .collect();
+    fn assign(fits: &[Vec<bool>], i: usize, used: &mut [bool]) -> bool {
+        if i == fits.len() {
+            return true;
         }
-    })
+        for j in 0..used.len() {
+            if fits[i][j] && !used[j] {
+                used[j] = true;
+                if assign(fits, i + 1, used) {
+                    return true;
+                }
+                used[j] = false;
+            }
+        }
+        false
+    }
+    assign(&fits, 0, &mut vec![false; calls.len()])
 }
 
 fn args_match(expected: &Value, got: &Value, schema: Option<&Value>) -> bool {
@@ -278,7 +288,9 @@ pub fn run_eval(
             (StopReason::MaxSteps { .. }, true) => "first_decision".to_string(),
             (s, _) => serde_json::to_value(s)?["kind"].as_str().unwrap_or("unknown").to_string(),
         };
-        let correct = task.expected.as_ref().map(|e| matches_expected(e, &calls, &specs));
+        // No valid decision at all is a failure, not a correct "no call".
+        let decided = !t.steps.is_empty();
+        let correct = task.expected.as_ref().map(|e| decided && matches_expected(e, &calls, &specs));
         let result = TaskResult {
             id: task.id.clone(),
             calls,

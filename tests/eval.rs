@@ -62,6 +62,13 @@ fn scoring_compares_names_and_arguments_numerically_in_any_order() {
     ));
     assert!(!matches_expected(&[e(json!({"city": "A"}))], &[], &specs));
     assert!(matches_expected(&[], &[], &specs));
+    // The first call fits both expectations (its unit is the default); first-fit pairing would give it to
+    // the first one and leave the second call unmatched.
+    assert!(matches_expected(
+        &[e(json!({"city": "A"})), e(json!({"city": "A", "unit": "c"}))],
+        &[c(json!({"city": "A", "unit": "c"})), c(json!({"city": "A"}))],
+        &specs
+    ));
 }
 
 fn call(tool: &str, args: serde_json::Value) -> String {
@@ -163,4 +170,19 @@ fn a_task_the_settings_cannot_run_gets_a_line_and_the_eval_goes_on() {
     assert_eq!(results[0].correct, Some(true));
     assert!(results[1].stop_reason.starts_with("invalid_task") && results[1].stop_reason.contains("get_weather"));
     assert_eq!(String::from_utf8(out).unwrap().lines().count(), 2);
+}
+
+#[test]
+fn a_task_without_any_valid_decision_is_wrong_even_when_no_call_was_expected() {
+    let tasks: Vec<_> =
+        load_tasks(&suite()).unwrap().into_iter().filter(|t| t.id.starts_with("none-")).take(1).collect();
+    assert_eq!(tasks[0].expected.as_deref().map(<[_]>::len), Some(0), "a task that expects no call");
+    let garbage = vec!["not a decision".to_string(); 20];
+    let opts = EvalOptions { dry_run: true, limit: None, agent: AgentConfig::default() };
+    let mut out = Vec::new();
+    let (_, results) =
+        run_eval(Box::new(ScriptedDriver::new(garbage)), &tasks, &[], &opts, &mut out, &mut |_, _| {}).unwrap();
+    assert_eq!(results[0].stop_reason, "retries_exhausted");
+    assert_eq!(results[0].steps, 0);
+    assert_eq!(results[0].correct, Some(false));
 }
