@@ -90,7 +90,7 @@ impl Gemma3 {
         let output = if g.has_tensor("output.weight") {
             Linear::load(g, "output", [hp.vocab, d], dev)?
         } else {
-            Linear::new(embed.clone())?
+            Linear::new(g, embed.clone())?
         };
         let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, dev)?;
         let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;

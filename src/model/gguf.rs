@@ -25,6 +25,8 @@ pub struct GgufFile {
     path: PathBuf,
     content: gguf_file::Content,
     map: Arc<memmap2::Mmap>,
+    /// Layers built from this file compute every product in f32 on dequantized weights.
+    pub(crate) f32_reference: bool,
 }
 
 /// A tensor's bytes inside the memory-mapped file, in GGUF's own layout.
@@ -123,7 +125,7 @@ impl GgufFile {
                 )));
             }
         }
-        Ok(Self { path, content, map })
+        Ok(Self { path, content, map, f32_reference: false })
     }
 
     /// The file's path.

@@ -77,6 +77,8 @@ pub(crate) struct Linear {
     /// candle's layer over a [`Weight::Candle`].
     mm: Option<QMatMul>,
     b: Option<Tensor>,
+    /// Every product in f32 on dequantized weights (see `LoadOptions::f32_reference`).
+    reference: bool,
 }
 
 /// Batches of at least this many rows multiply by weights dequantized to f32 instead of going through the
@@ -97,30 +99,31 @@ impl Linear {
         } else {
             None
         };
-        let mut l = Self::new(w)?;
+        let mut l = Self::new(g, w)?;
         l.b = b;
         Ok(l)
     }
 
-    /// A bias-free layer over an already loaded weight (tied embeddings).
-    pub(crate) fn new(w: Weight) -> Result<Self> {
+    /// A bias-free layer over an already loaded weight of `g` (tied embeddings).
+    pub(crate) fn new(g: &GgufFile, w: Weight) -> Result<Self> {
         let mm = match &w {
             Weight::Candle(q) => Some(QMatMul::from_arc(q.clone())?),
             Weight::Mapped { .. } => None,
         };
-        Ok(Self { w, mm, b: None })
+        Ok(Self { w, mm, b: None, reference: g.f32_reference })
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
+        let batched = rows >= DEQUANT_BATCH_MIN || self.reference;
         let y = match (&self.w, &self.mm) {
-            (Weight::Mapped { t, m }, _) if rows >= DEQUANT_BATCH_MIN => {
+            (Weight::Mapped { t, m }, _) if batched => {
                 let (n, k) = self.w.dims()?;
                 let w = Tensor::from_vec(kernels::dequantize(*t, m.bytes(), n, k), (n, k), x.device())?;
                 x.broadcast_matmul(&w.t()?)?
             }
             (Weight::Mapped { t, m }, _) => block_matvec(*t, m.bytes(), self.w.dims()?, x)?,
-            (Weight::Candle(q), Some(QMatMul::QTensor(_))) if rows >= DEQUANT_BATCH_MIN && x.device().is_cpu() => {
+            (Weight::Candle(q), Some(QMatMul::QTensor(_))) if batched && x.device().is_cpu() => {
                 let w = q.dequantize(x.device())?;
                 x.broadcast_matmul(&w.t()?)?
             }

@@ -71,7 +71,7 @@ impl Llama {
         let output = if g.has_tensor("output.weight") {
             Linear::load(g, "output", [hp.vocab, d], dev)?
         } else {
-            Linear::new(embed.clone())?
+            Linear::new(g, embed.clone())?
         };
         let rope_dim = g.usize_or(&format!("{arch}.rope.dimension_count"), hd)?;
         let style = match variant {

@@ -82,11 +82,14 @@ pub struct LoadOptions {
     pub max_context: Option<usize>,
     /// Use this tokenizer.json instead of the GGUF's tokenizer.
     pub tokenizer_json: Option<PathBuf>,
+    /// Compute every matrix product in f32 on dequantized weights, decode steps included: slow, and the
+    /// reference the quantized kernels are tested against.
+    pub f32_reference: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { device: Device::Cpu, max_context: None, tokenizer_json: None }
+        Self { device: Device::Cpu, max_context: None, tokenizer_json: None, f32_reference: false }
     }
 }
 
@@ -120,6 +123,7 @@ impl Model {
         let start = Instant::now();
         let path = path.as_ref();
         let mut g = GgufFile::open(path)?;
+        g.f32_reference = opts.f32_reference;
         let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
         let arch = Arch::parse(path, g.str("general.architecture")?)?;
         let tokenizer = match &opts.tokenizer_json {
