@@ -33,6 +33,8 @@ pub struct BenchReport {
     pub threads: usize,
     /// The CPU kernel tier in use (scalar, avx2, avx_vnni).
     pub kernels: String,
+    /// How prompt batches are multiplied (`amx_bf16` or `f32_gemm`).
+    pub prefill_kernel: &'static str,
     pub load_s: f64,
     pub pp_tokens: usize,
     pub pp_tok_s: Vec<f64>,
@@ -110,6 +112,7 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         model: info.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         threads,
         kernels: format!("{:?}", crate::model::kernels::Tier::best()),
+        prefill_kernel: crate::model::prefill_kernel(),
         load_s: round2(info.load_time.as_secs_f64() * 10.0) / 10.0,
         pp_tokens,
         pp_tok_s_median: round2(median(&pp)),

@@ -324,6 +324,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 println!("model        {} ({} threads)", r.model, r.threads);
+                println!("kernels      {} (decode), {} (prefill)", r.kernels, r.prefill_kernel);
                 println!("load         {:.2} s", r.load_s);
                 println!(
                     "prefill      {:.1} tok/s  ({} tokens, runs {:?})",

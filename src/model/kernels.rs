@@ -258,6 +258,34 @@ pub fn dequantize_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, cols: usiz
     out
 }
 
+/// Dequantizes one row (`row`: whole blocks of type `t`) into `out` on a given tier, on this thread.
+pub fn dequantize_row_on(tier: Tier, t: BlockType, row: &[u8], out: &mut [f32]) {
+    let blocks = row.len() / t.block_bytes();
+    assert_eq!(row.len(), blocks * t.block_bytes(), "a row of whole {t:?} blocks");
+    assert_eq!(out.len(), blocks * t.block_elems());
+    #[cfg(target_arch = "x86_64")]
+    if tier != Tier::Scalar && Tier::supported().contains(&tier) {
+        use avx2::*;
+        let (src, o) = (row.as_ptr(), out.as_mut_ptr());
+        // SAFETY: AVX2/FMA/F16C are present (the tier is supported); `row` holds `blocks` whole blocks and
+        // `out` their elements (asserted).
+        unsafe {
+            match code(t) {
+                Q4_0 => dequantize_blocks::<Q4_0>(src, blocks, o),
+                Q4_1 => dequantize_blocks::<Q4_1>(src, blocks, o),
+                Q5_0 => dequantize_blocks::<Q5_0>(src, blocks, o),
+                Q8_0 => dequantize_blocks::<Q8_0>(src, blocks, o),
+                Q4K => dequantize_blocks::<Q4K>(src, blocks, o),
+                _ => dequantize_blocks::<Q6K>(src, blocks, o),
+            }
+        }
+        return;
+    }
+    for (b, ob) in row.chunks_exact(t.block_bytes()).zip(out.chunks_exact_mut(t.block_elems())) {
+        dequantize_block(t, b, ob);
+    }
+}
+
 /// Unsigned weight quants of one block (Q4 nibbles 0..15, Q5 values 0..31, Q8 signed) and how the block
 /// turns `Σ w·x` into a float: `d_w·d_x·(Σ q·qx − offset·Σ qx) + min·d_x·Σ qx`. K-quant super-blocks take
 /// 8 activation blocks and apply a scale (and Q4_K's minimum) per sub-block.

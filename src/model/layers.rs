@@ -6,6 +6,7 @@ use std::sync::Arc;
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
+use super::amx;
 use super::gguf::{GgufFile, MappedTensor};
 use super::kernels::{self, BlockType, Q8Block};
 use crate::error::{Error, Result};
@@ -81,13 +82,12 @@ pub(crate) struct Linear {
     reference: bool,
 }
 
-/// Batches of at least this many rows multiply by weights dequantized to f32 instead of going through the
-/// quantized kernel. Why: the quantized kernels round the activations to 8 bits (Q8_0/Q8_1), which on
-/// small models is enough to flip near-tied greedy choices, and candle's batched quantized path is slow
-/// for Q4_1/Q5_0. Dequantizing one matrix at a time and running an f32 GEMM gives the reference f32
-/// result and is faster for prompt-sized batches; the dequantized copy is dropped after the call, so
-/// memory stays at the quantized size. Decode steps (one row) keep the quantized mat-vec.
-pub(crate) const DEQUANT_BATCH_MIN: usize = 16;
+/// Batches of at least this many rows are multiplied as matrices instead of row by row through the
+/// mat-vec kernel: on CPUs with AMX, in the tile unit with bf16 inputs (`model::amx`: weights dequantized a
+/// 32-row panel at a time); elsewhere by weights dequantized to f32, one matrix at a time, and candle's f32
+/// GEMM (exact f32 results; the copy is dropped after the call, so memory stays at the quantized size).
+/// Decode steps (one row) and short forced-token batches keep the quantized mat-vec.
+pub(crate) const MATMUL_BATCH_MIN: usize = 16;
 
 impl Linear {
     /// Loads `{name}.weight` (shape `[out, in]`) and `{name}.bias` if present.
@@ -115,8 +115,18 @@ impl Linear {
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
-        let batched = rows >= DEQUANT_BATCH_MIN || self.reference;
+        let batched = rows >= MATMUL_BATCH_MIN || self.reference;
         let y = match (&self.w, &self.mm) {
+            (Weight::Mapped { t, m }, _)
+                if batched && !self.reference && x.device().is_cpu() && amx_ok(*t, self.w.dims()?) =>
+            {
+                let (n, k) = self.w.dims()?;
+                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let y = amx::matmul_t(*t, m.bytes(), n, k, &xs);
+                let mut dims = x.dims().to_vec();
+                *dims.last_mut().expect("at least one dimension") = n;
+                Tensor::from_vec(y, dims, x.device())?
+            }
             (Weight::Mapped { t, m }, _) if batched => {
                 let (n, k) = self.w.dims()?;
                 let w = Tensor::from_vec(kernels::dequantize(*t, m.bytes(), n, k), (n, k), x.device())?;
@@ -135,6 +145,11 @@ impl Linear {
             None => y,
         })
     }
+}
+
+/// Whether a batch goes through the AMX tile unit (see `model::amx`) for this weight.
+fn amx_ok(t: BlockType, (n, k): (usize, usize)) -> bool {
+    amx::available() && amx::supports(t, n, k)
 }
 
 /// Rows of `x` times a 32-element-block quantized `[n, k]` matrix, through reagent's own kernels.
@@ -215,7 +230,7 @@ impl Rope {
     }
 }
 
-/// Keys and values of one layer, preallocated in chunks and truncatable to any earlier length.
+/// Keys and values of one layer, grown in chunks and truncatable to any earlier length.
 ///
 /// Layout `[1, kv_heads, capacity, head_dim]`; only the first `len` positions are live. Truncation just
 /// moves `len`, so rolling back a rejected decision costs nothing.
@@ -226,7 +241,8 @@ pub(crate) struct KvCache {
     max: usize,
 }
 
-const KV_CHUNK: usize = 512;
+/// Positions added to a KV buffer when it grows (at the least).
+const KV_CHUNK: usize = 128;
 
 impl KvCache {
     pub(crate) fn new(max: usize) -> Self {
@@ -243,7 +259,9 @@ impl KvCache {
         if cap >= needed {
             return Ok(buf.clone().expect("capacity implies a buffer"));
         }
-        let new_cap = needed.div_ceil(KV_CHUNK).saturating_mul(KV_CHUNK).min(max).max(needed);
+        // Whole chunks, and at least a quarter more than before so long contexts grow geometrically (the
+        // copies stay linear in the final length) while short ones waste at most a chunk.
+        let new_cap = needed.div_ceil(KV_CHUNK).saturating_mul(KV_CHUNK).max(cap + cap / 4).min(max).max(needed);
         let fresh = Tensor::zeros((b, h, new_cap, d), like.dtype(), like.device())?;
         if let Some(old) = buf {
             fresh.slice_set(old, 2, 0)?;

@@ -5,6 +5,7 @@
 //! back to any earlier length. [`Model`] is a GGUF file loaded with its tokenizer, chat template and stop
 //! tokens. This module knows nothing about tools, grammars or agents.
 
+pub(crate) mod amx;
 pub mod gemma3;
 pub mod gguf;
 pub mod kernels;
@@ -19,6 +20,16 @@ use std::time::{Duration, Instant};
 use candle_core::Device;
 
 pub use layers::Hparams;
+
+/// How prompt-sized batches are multiplied on the CPU: `amx_bf16` (the AMX tile unit, where the CPU and
+/// kernel allow it and `REAGENT_KERNELS` does not cap it) or `f32_gemm` (weights dequantized to f32).
+pub fn prefill_kernel() -> &'static str {
+    if amx::available() {
+        "amx_bf16"
+    } else {
+        "f32_gemm"
+    }
+}
 
 use crate::error::{Error, Result};
 use crate::text::chat::ChatTemplate;
