@@ -286,6 +286,9 @@ impl KvCache {
     }
 }
 
+/// Queries per attention chunk on long prompts.
+const ATTENTION_CHUNK: usize = 128;
+
 /// Scaled dot-product attention with grouped KV heads and a causal (optionally sliding-window) mask.
 ///
 /// `q`: `[1, heads, seq, d]` (already scaled), `k`/`v`: `[1, kv_heads, len, d]` where the queries sit at
@@ -293,6 +296,18 @@ impl KvCache {
 pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, window: Option<usize>) -> Result<Tensor> {
     let (b, heads, seq, d) = q.dims4()?;
     let (_, kv_heads, len, _) = k.dims4()?;
+    if seq > ATTENTION_CHUNK {
+        // Long prompts a chunk of queries at a time, each against only the keys up to its last position:
+        // the score matrices stay a few MB instead of `seq × len` per head (tens of MB on a 512-token
+        // prompt), and the fully masked upper triangle is never computed.
+        let mut outs = Vec::with_capacity(seq.div_ceil(ATTENTION_CHUNK));
+        for s in (0..seq).step_by(ATTENTION_CHUNK) {
+            let c = ATTENTION_CHUNK.min(seq - s);
+            let visible = len - seq + s + c;
+            outs.push(attention(&q.narrow(2, s, c)?, &k.narrow(2, 0, visible)?, &v.narrow(2, 0, visible)?, window)?);
+        }
+        return Ok(Tensor::cat(&outs, 1)?);
+    }
     let rep = heads / kv_heads;
     // Fold the query heads that share a KV head into the row dimension: no KV copy per head.
     let q = q.contiguous()?.reshape((b, kv_heads, rep * seq, d))?;
@@ -427,5 +442,80 @@ impl Hparams {
             context_length: g.usize_or(&k("context_length"), 2048)?,
             vocab,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Attention written out with loops: query `i` of `seq` sits at position `len − seq + i` and sees keys
+    /// `j ≤` its position (and within `window` of it).
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        dims: (usize, usize, usize, usize, usize),
+        window: Option<usize>,
+    ) -> Vec<f32> {
+        let (heads, kv_heads, seq, len, d) = dims;
+        let rep = heads / kv_heads;
+        let mut out = vec![0f32; seq * heads * d];
+        for h in 0..heads {
+            let kh = h / rep;
+            for i in 0..seq {
+                let pos = len - seq + i;
+                let qi = &q[(h * seq + i) * d..][..d];
+                let visible: Vec<usize> = (0..=pos).filter(|&j| window.is_none_or(|w| pos - j < w)).collect();
+                let scores: Vec<f32> = visible
+                    .iter()
+                    .map(|&j| qi.iter().zip(&k[(kh * len + j) * d..][..d]).map(|(a, b)| a * b).sum())
+                    .collect();
+                let max = scores.iter().copied().fold(f32::MIN, f32::max);
+                let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for (&j, w) in visible.iter().zip(&e) {
+                    for c in 0..d {
+                        out[(i * heads + h) * d + c] += w / z * v[(kh * len + j) * d + c];
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Short and chunked (longer than one chunk, with a ragged last chunk and cached positions before the
+    /// prompt) attention against the loops, with and without a sliding window.
+    #[test]
+    fn attention_matches_the_definition_in_one_piece_and_in_chunks() {
+        let dev = Device::Cpu;
+        let (heads, kv_heads, d) = (4, 2, 8);
+        for (seq, len) in [(5, 5), (1, 40), (300, 310), (ATTENTION_CHUNK + 1, ATTENTION_CHUNK + 1)] {
+            for window in [None, Some(50)] {
+                let q = random(heads * seq * d, seq as u64);
+                let k = random(kv_heads * len * d, len as u64 + 1);
+                let v = random(kv_heads * len * d, len as u64 + 2);
+                let t = |x: &[f32], h, n| Tensor::from_vec(x.to_vec(), (1, h, n, d), &dev).unwrap();
+                let got = attention(&t(&q, heads, seq), &t(&k, kv_heads, len), &t(&v, kv_heads, len), window).unwrap();
+                assert_eq!(got.dims(), &[1, seq, heads * d]);
+                let got = got.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let want = naive(&q, &k, &v, (heads, kv_heads, seq, len, d), window);
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!((a - b).abs() < 1e-4, "seq {seq}, len {len}, window {window:?}: [{i}] {a} vs {b}");
+                }
+            }
+        }
     }
 }
