@@ -1,10 +1,12 @@
 //! Quantized matrix × vector (decode) and matrix × matrix (prefill) on the CPU, for each quantization type
 //! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536) and Qwen2.5-0.5B (896 → 4864):
-//! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports) and candle's (`cpu_qmatvec`).
+//! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports; `cpu_reagent_prefill`, AMX
+//! bf16 tiles against dequantize + f32 GEMM) and candle's (`cpu_qmatvec`).
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use reagent::model::amx;
 use reagent::model::kernels::{self, BlockType, Q8Block, Tier};
 
 fn random(shape: (usize, usize), seed: u64) -> Tensor {
@@ -58,6 +60,37 @@ fn reagent_kernels(c: &mut Criterion) {
         }
     }
     g.finish();
+
+    // Prefill of a 512-token batch (and a 16-token one): the AMX bf16 path where the CPU has it, against
+    // dequantizing to f32 and candle's GEMM (what runs elsewhere). Throughput counts multiply-adds.
+    for (k, n) in [(896usize, 4864usize), (4864, 896)] {
+        for m in [16usize, 512] {
+            let mut g = c.benchmark_group(format!("cpu_reagent_prefill_{m}x{k}x{n}"));
+            g.throughput(Throughput::Elements((m * k * n) as u64));
+            g.sample_size(10);
+            let x = random((m, k), 4);
+            let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for ty in types {
+                let t = BlockType::of(ty).unwrap();
+                if k % t.block_elems() != 0 {
+                    continue;
+                }
+                let w = QTensor::quantize(&random((n, k), 5), ty).unwrap().data().unwrap().into_owned();
+                if amx::available() && amx::supports(t, n, k) {
+                    g.bench_function(BenchmarkId::new("amx_bf16", format!("{ty:?}")), |b| {
+                        b.iter(|| amx::matmul_t(t, &w, n, k, &xs))
+                    });
+                }
+                g.bench_function(BenchmarkId::new("f32_gemm", format!("{ty:?}")), |b| {
+                    b.iter(|| {
+                        let wf = Tensor::from_vec(kernels::dequantize(t, &w, n, k), (n, k), &Device::Cpu).unwrap();
+                        x.matmul(&wf.t().unwrap()).unwrap()
+                    })
+                });
+            }
+            g.finish();
+        }
+    }
 }
 
 fn bench(c: &mut Criterion) {

@@ -23,14 +23,14 @@
 use super::kernels::{self, BlockType, Tier};
 
 /// Columns per panel (two 16-column tiles) and rows per block of `Y` (two 16-row tiles).
-pub(crate) const PANEL: usize = 32;
+pub const PANEL: usize = 32;
 const ROWS: usize = 32;
 /// Depth of one tile product: 32 bf16 values (16 pairs) per tile row.
 const DEPTH: usize = 32;
 
 /// Whether the AMX path can run here: the CPU has AMX-TILE and AMX-BF16, Linux granted the tile state,
 /// and `REAGENT_KERNELS` does not cap the kernels below it. Checked once.
-pub(crate) fn available() -> bool {
+pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         let capped = matches!(std::env::var("REAGENT_KERNELS").as_deref(), Ok("scalar" | "avx2" | "vnni"));
@@ -39,13 +39,13 @@ pub(crate) fn available() -> bool {
 }
 
 /// Whether [`matmul_t`] takes a `n × k` matrix of type `t`.
-pub(crate) fn supports(t: BlockType, n: usize, k: usize) -> bool {
+pub fn supports(t: BlockType, n: usize, k: usize) -> bool {
     n > 0 && n.is_multiple_of(PANEL) && k.is_multiple_of(t.block_elems()) && k > 0
 }
 
 /// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` and `w` the `n × k` matrix of type `t`. The caller
 /// checks [`available`] and [`supports`].
-pub(crate) fn matmul_t(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+pub fn matmul_t(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
     assert!(available(), "AMX is not available");
     assert!(supports(t, n, k), "{n} × {k} {t:?} matrix is not a whole number of panels");
     let row_bytes = t.row_bytes(k);

@@ -5,7 +5,7 @@
 //! back to any earlier length. [`Model`] is a GGUF file loaded with its tokenizer, chat template and stop
 //! tokens. This module knows nothing about tools, grammars or agents.
 
-pub(crate) mod amx;
+pub mod amx;
 pub mod gemma3;
 pub mod gguf;
 pub mod kernels;
