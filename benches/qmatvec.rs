@@ -22,7 +22,15 @@ fn random(shape: (usize, usize), seed: u64) -> Tensor {
 }
 
 fn reagent_kernels(c: &mut Criterion) {
-    let types = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+    let types = [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ];
     // SmolLM2's and Qwen 0.5B's up projections, Qwen 0.5B's down projection (K-quants need k % 256 == 0).
     for (k, n) in [(576usize, 1536usize), (896, 4864), (4864, 896)] {
         let mut g = c.benchmark_group(format!("cpu_reagent_matvec_{k}x{n}"));

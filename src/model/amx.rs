@@ -319,6 +319,7 @@ mod tests {
             (GgmlDType::Q5_0, 160),
             (GgmlDType::Q8_0, 32),
             (GgmlDType::Q4K, 512),
+            (GgmlDType::Q5K, 256),
             (GgmlDType::Q6K, 256),
         ];
         for (dtype, k) in types {

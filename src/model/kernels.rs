@@ -84,6 +84,8 @@ pub enum BlockType {
     Q8_0,
     /// 256-element super-blocks: 8 sub-blocks of 32 with 6-bit scales and minimums, 4-bit quants.
     Q4K,
+    /// Q4_K's layout plus a fifth bit per quant (`qh`, 32 bytes): 5-bit quants.
+    Q5K,
     /// 256-element super-blocks: 16 sub-blocks of 16 with 8-bit scales, 6-bit quants.
     Q6K,
 }
@@ -97,6 +99,7 @@ impl BlockType {
             GgmlDType::Q5_0 => Some(Self::Q5_0),
             GgmlDType::Q8_0 => Some(Self::Q8_0),
             GgmlDType::Q4K => Some(Self::Q4K),
+            GgmlDType::Q5K => Some(Self::Q5K),
             GgmlDType::Q6K => Some(Self::Q6K),
             _ => None,
         }
@@ -105,7 +108,7 @@ impl BlockType {
     /// Elements per block (super-block for the K-quants).
     pub fn block_elems(self) -> usize {
         match self {
-            Self::Q4K | Self::Q6K => 256,
+            Self::Q4K | Self::Q5K | Self::Q6K => 256,
             _ => QK,
         }
     }
@@ -123,6 +126,7 @@ impl BlockType {
             Self::Q5_0 => 22,
             Self::Q8_0 => 34,
             Self::Q4K => 144,
+            Self::Q5K => 176,
             Self::Q6K => 210,
         }
     }
@@ -173,6 +177,22 @@ pub fn dequantize_block(t: BlockType, b: &[u8], out: &mut [f32]) {
                 for l in 0..32 {
                     out[64 * j + l] = d * s0 as f32 * (qs[l] & 0xF) as f32 - dmin * m0 as f32;
                     out[64 * j + 32 + l] = d * s1 as f32 * (qs[l] >> 4) as f32 - dmin * m1 as f32;
+                }
+            }
+        }
+        BlockType::Q5K => {
+            let (d, dmin) = (f16(b), f16(&b[2..]));
+            let scales: &[u8; 12] = b[4..16].try_into().expect("12 bytes");
+            let qh = &b[16..48];
+            for j in 0..4 {
+                let qs = &b[48 + 32 * j..80 + 32 * j];
+                let (s0, m0) = q4k_scale_min(2 * j, scales);
+                let (s1, m1) = q4k_scale_min(2 * j + 1, scales);
+                for l in 0..32 {
+                    let lo = (qs[l] & 0xF) | ((qh[l] >> (2 * j)) & 1) << 4;
+                    let hi = (qs[l] >> 4) | ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                    out[64 * j + l] = d * s0 as f32 * lo as f32 - dmin * m0 as f32;
+                    out[64 * j + 32 + l] = d * s1 as f32 * hi as f32 - dmin * m1 as f32;
                 }
             }
         }
@@ -239,6 +259,7 @@ pub fn dequantize_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, cols: usiz
                     Q5_0 => dequantize_blocks::<Q5_0>(src.as_ptr(), blocks, o),
                     Q8_0 => dequantize_blocks::<Q8_0>(src.as_ptr(), blocks, o),
                     Q4K => dequantize_blocks::<Q4K>(src.as_ptr(), blocks, o),
+                    Q5K => dequantize_blocks::<Q5K>(src.as_ptr(), blocks, o),
                     _ => dequantize_blocks::<Q6K>(src.as_ptr(), blocks, o),
                 }
             }
@@ -276,6 +297,7 @@ pub fn dequantize_row_on(tier: Tier, t: BlockType, row: &[u8], out: &mut [f32]) 
                 Q5_0 => dequantize_blocks::<Q5_0>(src, blocks, o),
                 Q8_0 => dequantize_blocks::<Q8_0>(src, blocks, o),
                 Q4K => dequantize_blocks::<Q4K>(src, blocks, o),
+                Q5K => dequantize_blocks::<Q5K>(src, blocks, o),
                 _ => dequantize_blocks::<Q6K>(src, blocks, o),
             }
         }
@@ -320,15 +342,18 @@ fn block_dot_scalar(t: BlockType, b: &[u8], xs: &[Q8Block]) -> f32 {
             }
             (f16(b), 0, 0.0)
         }
-        BlockType::Q4K => {
+        BlockType::Q4K | BlockType::Q5K => {
             let (d, dmin) = (f16(b), f16(&b[2..]));
             let scales: &[u8; 12] = b[4..16].try_into().expect("12 bytes");
+            let five = t == BlockType::Q5K;
+            let qs = if five { 48 } else { 16 };
             let mut total = 0f32;
             for (s, x) in xs[..8].iter().enumerate() {
                 let (j, high) = (s / 2, s % 2 == 1);
                 for l in 0..QK {
-                    let v = b[16 + 32 * j + l];
-                    q[l] = if high { v >> 4 } else { v & 0xF } as i32;
+                    let v = b[qs + 32 * j + l];
+                    let fifth = if five { ((b[16 + l] >> s) & 1) << 4 } else { 0 };
+                    q[l] = (if high { v >> 4 } else { v & 0xF } | fifth) as i32;
                 }
                 let (sc, m) = q4k_scale_min(s, scales);
                 total += d * sc as f32 * x.d * dot(&q, &x.qs) as f32 - dmin * m as f32 * x.d * x.sum as f32;
@@ -440,6 +465,7 @@ mod avx2 {
     pub(super) const Q8_0: u8 = 3;
     pub(super) const Q4K: u8 = 4;
     pub(super) const Q6K: u8 = 5;
+    pub(super) const Q5K: u8 = 6;
 
     pub(super) fn code(t: BlockType) -> u8 {
         match t {
@@ -448,6 +474,7 @@ mod avx2 {
             BlockType::Q5_0 => Q5_0,
             BlockType::Q8_0 => Q8_0,
             BlockType::Q4K => Q4K,
+            BlockType::Q5K => Q5K,
             BlockType::Q6K => Q6K,
         }
     }
@@ -458,6 +485,7 @@ mod avx2 {
             Q4_1 => 20,
             Q5_0 => 22,
             Q4K => 144,
+            Q5K => 176,
             Q6K => 210,
             _ => 34,
         }
@@ -488,6 +516,13 @@ mod avx2 {
         let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
         _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
+    /// 0x10 in each byte of `qh` that has bit `mask` set, else 0 (Q5_K's fifth bit).
+    #[inline(always)]
+    unsafe fn bit_as_16(qh: __m256i, mask: i32) -> __m256i {
+        let m = _mm256_set1_epi8(mask as i8);
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m), _mm256_set1_epi8(0x10))
     }
 
     /// Asks for the cache lines `lines × 64` bytes from `b`, one group of `R` rows further down. The rows
@@ -590,18 +625,26 @@ mod avx2 {
         for (sb, xs) in x.chunks_exact(8).enumerate() {
             let qx: [__m256i; 8] = std::array::from_fn(|i| _mm256_loadu_si256(xs[i].qs.as_ptr() as *const __m256i));
             let dx = xs[0].d;
-            if T == Q4K {
+            if T == Q4K || T == Q5K {
+                // Q5_K: the quants start after 32 bytes of fifth bits; bit `s` of `qh[l]` belongs to element
+                // `l` of sub-block `s`.
+                let qs = if T == Q5K { 48 } else { 16 };
                 for r in 0..R {
                     let b = rows.add(r * stride + sb * bb);
-                    prefetch_next_rows::<R>(b, stride, 3);
+                    prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
                     let (d, dmin) = (f16(b), f16(b.add(2)));
                     let sc: &[u8; 12] = &*(b.add(4) as *const [u8; 12]);
+                    let qh = if T == Q5K { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { m4 };
                     let mut sumi = _mm256_setzero_si256();
                     let mut summ = 0i32;
                     for j in 0..4 {
-                        let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
-                        let lo = _mm256_and_si256(v, m4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        let v = _mm256_loadu_si256(b.add(qs + 32 * j) as *const __m256i);
+                        let mut lo = _mm256_and_si256(v, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if T == Q5K {
+                            lo = _mm256_or_si256(lo, bit_as_16(qh, 1 << (2 * j)));
+                            hi = _mm256_or_si256(hi, bit_as_16(qh, 2 << (2 * j)));
+                        }
                         let (s0, n0) = super::q4k_scale_min(2 * j, sc);
                         let (s1, n1) = super::q4k_scale_min(2 * j + 1, sc);
                         let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, qx[2 * j]), _mm256_set1_epi16(s0 as i16));
@@ -697,18 +740,25 @@ mod avx2 {
                     let d = f16(b);
                     store_affine::<true>(_mm256_loadu_si256(b.add(2) as *const __m256i), d, d, 0.0, out.add(32 * i));
                 }
-                Q4K => {
+                Q4K | Q5K => {
                     let (d, dmin) = (f16(b), f16(b.add(2)));
                     let sc: &[u8; 12] = &*(b.add(4) as *const [u8; 12]);
                     let m4 = _mm256_set1_epi8(0x0F);
+                    let qs = if T == Q5K { 48 } else { 16 };
+                    let qh = if T == Q5K { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { m4 };
                     for j in 0..4 {
-                        let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
+                        let v = _mm256_loadu_si256(b.add(qs + 32 * j) as *const __m256i);
                         let (s0, n0) = super::q4k_scale_min(2 * j, sc);
                         let (s1, n1) = super::q4k_scale_min(2 * j + 1, sc);
                         let o = out.add(256 * i + 64 * j);
                         let (f0, f1) = (d * s0 as f32, d * s1 as f32);
-                        store_affine::<false>(_mm256_and_si256(v, m4), f0, f0, -dmin * n0 as f32, o);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        let mut lo = _mm256_and_si256(v, m4);
+                        let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if T == Q5K {
+                            lo = _mm256_or_si256(lo, bit_as_16(qh, 1 << (2 * j)));
+                            hi = _mm256_or_si256(hi, bit_as_16(qh, 2 << (2 * j)));
+                        }
+                        store_affine::<false>(lo, f0, f0, -dmin * n0 as f32, o);
                         store_affine::<false>(hi, f1, f1, -dmin * n1 as f32, o.add(32));
                     }
                 }
@@ -804,6 +854,7 @@ fn rows_dot_into(tier: Tier, t: BlockType, w: &[u8], row_bytes: usize, first: us
                 (Q5_0, false) => run!(rows_dot, Q5_0),
                 (Q8_0, false) => run!(rows_dot, Q8_0),
                 (Q4K, false) => run!(rows_dot_k, Q4K),
+                (Q5K, false) => run!(rows_dot_k, Q5K),
                 (_, false) => run!(rows_dot_k, Q6K),
                 (Q4_0, true) => run!(rows_dot_vnni, Q4_0),
                 (Q4_1, true) => run!(rows_dot_vnni, Q4_1),
@@ -811,6 +862,7 @@ fn rows_dot_into(tier: Tier, t: BlockType, w: &[u8], row_bytes: usize, first: us
                 (Q8_0, true) => run!(rows_dot_vnni, Q8_0),
                 // The K-quant kernels scale in the integer domain with `madd`, which VNNI has no form of.
                 (Q4K, true) => run!(rows_dot_k, Q4K),
+                (Q5K, true) => run!(rows_dot_k, Q5K),
                 (_, true) => run!(rows_dot_k, Q6K),
             }
         }
@@ -838,8 +890,15 @@ mod tests {
             .collect()
     }
 
-    const TYPES: [GgmlDType; 6] =
-        [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K];
+    const TYPES: [GgmlDType; 7] = [
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q8_0,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ];
 
     /// Quantizes a random `rows × cols` matrix with candle (ggml's own quantizers) and returns its bytes
     /// and candle's dequantization of it.
