@@ -3,7 +3,7 @@
 //! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports; `cpu_reagent_prefill`, AMX
 //! bf16 tiles against dequantize + f32 GEMM) and candle's (`cpu_qmatvec`).
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use reagent::model::amx;
@@ -22,15 +22,7 @@ fn random(shape: (usize, usize), seed: u64) -> Tensor {
 }
 
 fn reagent_kernels(c: &mut Criterion) {
-    let types = [
-        GgmlDType::Q4_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q5_0,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ];
+    let types = kernels::KERNEL_TYPES;
     // SmolLM2's and Qwen 0.5B's up projections, Qwen 0.5B's down projection (K-quants need k % 256 == 0).
     for (k, n) in [(576usize, 1536usize), (896, 4864), (4864, 896)] {
         let mut g = c.benchmark_group(format!("cpu_reagent_matvec_{k}x{n}"));
@@ -102,15 +94,7 @@ fn reagent_kernels(c: &mut Criterion) {
 }
 
 fn bench(c: &mut Criterion) {
-    let types = [
-        GgmlDType::Q4_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q5_0,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ];
+    let types = kernels::KERNEL_TYPES;
     for (k, n) in [(576usize, 1536usize), (896, 4864)] {
         let mut g = c.benchmark_group(format!("cpu_qmatvec_{k}x{n}"));
         g.throughput(Throughput::Elements((k * n) as u64));

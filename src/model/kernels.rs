@@ -75,6 +75,17 @@ pub fn quantize_row_q8_for(t: BlockType, x: &[f32], out: &mut [Q8Block]) {
     }
 }
 
+/// The ggml types reagent's kernels handle (each maps to a [`BlockType`]).
+pub const KERNEL_TYPES: [GgmlDType; 7] = [
+    GgmlDType::Q4_0,
+    GgmlDType::Q4_1,
+    GgmlDType::Q5_0,
+    GgmlDType::Q8_0,
+    GgmlDType::Q4K,
+    GgmlDType::Q5K,
+    GgmlDType::Q6K,
+];
+
 /// The weight types these kernels handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockType {
@@ -890,15 +901,7 @@ mod tests {
             .collect()
     }
 
-    const TYPES: [GgmlDType; 7] = [
-        GgmlDType::Q4_0,
-        GgmlDType::Q4_1,
-        GgmlDType::Q5_0,
-        GgmlDType::Q8_0,
-        GgmlDType::Q4K,
-        GgmlDType::Q5K,
-        GgmlDType::Q6K,
-    ];
+    const TYPES: [GgmlDType; 7] = KERNEL_TYPES;
 
     /// Quantizes a random `rows × cols` matrix with candle (ggml's own quantizers) and returns its bytes
     /// and candle's dequantization of it.
