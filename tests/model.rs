@@ -4,6 +4,7 @@
 mod common;
 
 use common::{scratch, tiny_model, tiny_path, ARCHS};
+use reagent::model::tiny::{write_tiny_gguf, TinySpec};
 use reagent::model::Arch;
 use reagent::{generate, ChatMessage, GenerateParams, LanguageModel, LoadOptions, Model, Sampling, StopReason};
 
@@ -252,4 +253,41 @@ fn missing_tensor_is_named() {
 
 fn bits_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// RMS of `a − b` over the RMS spread of `b` around its mean.
+fn relative_rms(a: &[f32], b: &[f32]) -> f32 {
+    let mean = b.iter().sum::<f32>() / b.len() as f32;
+    let diff: f32 = a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum();
+    let spread: f32 = b.iter().map(|y| (y - mean).powi(2)).sum();
+    (diff / spread).sqrt()
+}
+
+/// Every weight type reagent's kernels handle, in a whole forward pass: a 256-wide llama whose layers are
+/// all of one type (the K-quants need rows of 256), a 40-token prefill (the batched path: AMX where the
+/// CPU has it, else f32 GEMM) and 8 decode steps (the mat-vec kernels), against the f32 reference on the
+/// same weights. Measured: at most about 1% relative RMS; a misplaced bit or scale in one type's kernel
+/// (say Q5_K's fifth bit read from the wrong position) puts that type's logits tens of percent off.
+#[test]
+fn every_kernel_type_matches_the_f32_reference_in_a_forward_pass() {
+    for ty in reagent::model::kernels::KERNEL_TYPES {
+        let spec = TinySpec { dim: 256, ffn: 512, weight_type: ty, ..TinySpec::new(Arch::Llama) };
+        let path = scratch().join(format!("tiny-256-{ty:?}.gguf"));
+        write_tiny_gguf(&path, &spec).unwrap();
+        let mut quant = Model::load(&path, &LoadOptions::default()).unwrap();
+        let mut reference = Model::load(&path, &LoadOptions { f32_reference: true, ..LoadOptions::default() }).unwrap();
+        let prompt: Vec<u32> = (20..60).collect();
+        let mut q = quant.forward(&prompt, 0).unwrap();
+        let mut r = reference.forward(&prompt, 0).unwrap();
+        let mut worst = 0f32;
+        for pos in prompt.len()..prompt.len() + 8 {
+            let rel = relative_rms(&q, &r);
+            worst = worst.max(rel);
+            assert!(rel < 0.05, "{ty:?} at position {pos}: logits {:.1}% RMS off the f32 reference", rel * 100.0);
+            let next = (pos % 50 + 20) as u32;
+            q = quant.forward(&[next], pos).unwrap();
+            r = reference.forward(&[next], pos).unwrap();
+        }
+        eprintln!("{ty:?}: worst relative RMS {:.2}%", worst * 100.0);
+    }
 }
