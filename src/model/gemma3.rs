@@ -10,8 +10,8 @@ use candle_core::Device;
 
 use super::gguf::GgufFile;
 use super::layers::{
-    attention, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm, Rope, RopeStyle,
-    Weight,
+    attention, forward_shared, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm,
+    Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
 
@@ -124,9 +124,10 @@ impl Gemma3 {
         let scale = 1.0 / (hd as f64).sqrt();
         for b in &mut self.blocks {
             let h = b.attn_norm.forward(&x)?;
-            let q = b.q_norm.forward(&split_heads(&b.q.forward(&h)?, heads, hd)?)?;
-            let k = b.k_norm.forward(&split_heads(&b.k.forward(&h)?, kv, hd)?)?;
-            let v = split_heads(&b.v.forward(&h)?, kv, hd)?;
+            let [q, k, v] = forward_shared([&b.q, &b.k, &b.v], &h)?;
+            let q = b.q_norm.forward(&split_heads(&q, heads, hd)?)?;
+            let k = b.k_norm.forward(&split_heads(&k, kv, hd)?)?;
+            let v = split_heads(&v, kv, hd)?;
             let rope = if b.window.is_some() { &self.rope_local } else { &self.rope_global };
             let q = (rope.apply(&q, pos)? * scale)?;
             let k = rope.apply(&k, pos)?;

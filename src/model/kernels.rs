@@ -441,25 +441,65 @@ pub fn matvec(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32])
 
 /// [`matvec`] on a given tier, which must be one of [`Tier::supported`].
 pub fn matvec_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], y: &mut [f32]) {
+    matvec_jobs_on(tier, &mut [MatVecJob { t, w, rows, x, y }]);
+}
+
+/// One product of a fused mat-vec: `y[r] = W[r] · x` for a `rows × (x.len()*32)` matrix `w` of type `t`.
+pub struct MatVecJob<'a> {
+    pub t: BlockType,
+    pub w: &'a [u8],
+    pub rows: usize,
+    pub x: &'a [Q8Block],
+    pub y: &'a mut [f32],
+}
+
+/// Several mat-vec products in one dispatch to the workers (a decode step's q/k/v, or gate/up): one wake-up
+/// and one barrier instead of one per matrix, which on small models is a visible share of a token.
+pub fn matvec_jobs(jobs: &mut [MatVecJob]) {
+    matvec_jobs_on(Tier::best(), jobs)
+}
+
+/// [`matvec_jobs`] on a given tier, which must be one of [`Tier::supported`].
+pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
     assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
-    let cols = x.len() * QK;
-    assert_eq!(cols % t.block_elems(), 0, "{cols} columns are not whole {t:?} blocks");
-    let row_bytes = t.row_bytes(cols);
-    assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {cols} columns");
-    assert_eq!(y.len(), rows);
-    // Small matrices are not worth waking the workers for.
-    if rows * row_bytes < 64 * 1024 {
-        rows_dot_into(tier, t, w, row_bytes, 0, x, y);
+    const ROWS_PER_ITEM: usize = 16;
+    let mut bytes = 0;
+    // Per job: row bytes, the output's address, and the first work item.
+    let mut plan = Vec::with_capacity(jobs.len());
+    let mut items = 0;
+    for j in jobs.iter_mut() {
+        let cols = j.x.len() * QK;
+        assert_eq!(cols % j.t.block_elems(), 0, "{cols} columns are not whole {:?} blocks", j.t);
+        let row_bytes = j.t.row_bytes(cols);
+        assert_eq!(j.w.len(), j.rows * row_bytes, "weight bytes do not match {} rows of {cols} columns", j.rows);
+        assert_eq!(j.y.len(), j.rows);
+        bytes += j.w.len();
+        plan.push((row_bytes, j.y.as_mut_ptr() as usize, items));
+        items += j.rows.div_ceil(ROWS_PER_ITEM);
+    }
+    // Small products are not worth waking the workers for.
+    if bytes < 64 * 1024 {
+        for (j, &(row_bytes, ..)) in jobs.iter_mut().zip(&plan) {
+            rows_dot_into(tier, j.t, j.w, row_bytes, 0, j.x, j.y);
+        }
         return;
     }
-    const ROWS_PER_ITEM: usize = 16;
-    let y_ptr = y.as_mut_ptr() as usize;
-    candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(ROWS_PER_ITEM), |items| {
-        let first = items.start * ROWS_PER_ITEM;
-        let last = rows.min(items.end * ROWS_PER_ITEM);
-        // SAFETY: work items cover disjoint row ranges of `y` (`last <= rows == y.len()`).
-        let out = unsafe { std::slice::from_raw_parts_mut((y_ptr as *mut f32).add(first), last - first) };
-        rows_dot_into(tier, t, w, row_bytes, first, x, out);
+    let jobs = &*jobs;
+    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
+        // The range may span jobs: one contiguous run of rows per job it touches.
+        let mut item = range.start;
+        while item < range.end {
+            let k = plan.partition_point(|p| p.2 <= item) - 1;
+            let (j, (row_bytes, y_ptr, first_item)) = (&jobs[k], plan[k]);
+            let end = plan.get(k + 1).map_or(range.end, |p| p.2.min(range.end));
+            let first = (item - first_item) * ROWS_PER_ITEM;
+            let last = j.rows.min((end - first_item) * ROWS_PER_ITEM);
+            // SAFETY: work items are disjoint row ranges of one job's `y` (`last <= rows == y.len()`), and the
+            // jobs' outputs are distinct `&mut` slices.
+            let out = unsafe { std::slice::from_raw_parts_mut((y_ptr as *mut f32).add(first), last - first) };
+            rows_dot_into(tier, j.t, j.w, row_bytes, first, j.x, out);
+            item = end;
+        }
     });
 }
 
@@ -977,6 +1017,41 @@ mod tests {
                         "{ty:?} row {r}: {scalar} vs {exact} (bound {bound})"
                     );
                 }
+            }
+        }
+    }
+
+    /// One dispatch over several matrices (different types, row counts that end mid work item, enough
+    /// bytes to go through the worker pool) gives each the same bits as its own `matvec_on`.
+    #[test]
+    fn fused_jobs_match_separate_products_bit_for_bit() {
+        let cols = 512;
+        let specs = [(GgmlDType::Q5_0, 333), (GgmlDType::Q4K, 70), (GgmlDType::Q8_0, 129), (GgmlDType::Q6K, 1)];
+        let mats: Vec<(BlockType, Vec<u8>, usize)> = specs
+            .iter()
+            .map(|&(ty, rows)| (BlockType::of(ty).unwrap(), matrix(ty, rows, cols, rows as u64).0, rows))
+            .collect();
+        let x = random(cols, 5);
+        let quantized = |t: BlockType| {
+            let mut q = vec![Q8Block::default(); cols / QK];
+            quantize_row_q8_for(t, &x, &mut q);
+            q
+        };
+        let xs: Vec<Vec<Q8Block>> = mats.iter().map(|(t, ..)| quantized(*t)).collect();
+        for tier in Tier::supported() {
+            let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.2]).collect();
+            let mut jobs: Vec<MatVecJob> = mats
+                .iter()
+                .zip(&xs)
+                .zip(ys.iter_mut())
+                .map(|(((t, w, rows), x), y)| MatVecJob { t: *t, w, rows: *rows, x, y })
+                .collect();
+            matvec_jobs_on(tier, &mut jobs);
+            drop(jobs);
+            for (((t, w, rows), x), y) in mats.iter().zip(&xs).zip(&ys) {
+                let mut alone = vec![0f32; *rows];
+                matvec_on(tier, *t, w, *rows, x, &mut alone);
+                assert_eq!(&alone, y, "{tier:?} {t:?}");
             }
         }
     }

@@ -154,6 +154,59 @@ impl Linear {
     }
 }
 
+/// `x · Wᵀ (+ b)` for several layers that share their input (q/k/v, gate/up). A decode row on the CPU
+/// kernels quantizes `x` once per block size and runs every product in one dispatch to the workers;
+/// anything else goes layer by layer through [`Linear::forward`]. Same results either way.
+pub(crate) fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
+    let k = x.dim(candle_core::D::Minus1)?;
+    let rows = x.elem_count() / k;
+    let on_kernels = layers.iter().all(|l| !l.reference && matches!(l.w, Weight::Mapped { .. }));
+    if rows != 1 || !on_kernels || !x.device().is_cpu() {
+        let mut out = Vec::with_capacity(N);
+        for l in layers {
+            out.push(l.forward(x)?);
+        }
+        return Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")));
+    }
+    let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    // Activations quantized per 32-element block, and per super-block for the K-quants.
+    let (mut per_block, mut per_super) = (None, None);
+    let mut ys = Vec::with_capacity(N);
+    for l in &layers {
+        let Weight::Mapped { t, .. } = &l.w else { unreachable!("checked above") };
+        let slot = if t.block_elems() == kernels::QK { &mut per_block } else { &mut per_super };
+        if slot.is_none() {
+            let mut q = vec![Q8Block::default(); k / kernels::QK];
+            kernels::quantize_row_q8_for(*t, &xs, &mut q);
+            *slot = Some(q);
+        }
+        ys.push(vec![0f32; l.w.dims()?.0]);
+    }
+    let mut jobs: Vec<kernels::MatVecJob> = layers
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(l, y)| {
+            let Weight::Mapped { t, m } = &l.w else { unreachable!("checked above") };
+            let x = if t.block_elems() == kernels::QK { &per_block } else { &per_super };
+            let x = x.as_deref().expect("quantized above");
+            kernels::MatVecJob { t: *t, w: m.bytes(), rows: y.len(), x, y }
+        })
+        .collect();
+    kernels::matvec_jobs(&mut jobs);
+    drop(jobs);
+    let mut out = Vec::with_capacity(N);
+    for (l, y) in layers.iter().zip(ys) {
+        let mut dims = x.dims().to_vec();
+        *dims.last_mut().expect("at least one dimension") = y.len();
+        let y = Tensor::from_vec(y, dims, x.device())?;
+        out.push(match &l.b {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        });
+    }
+    Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")))
+}
+
 /// Whether a batch goes through the AMX tile unit (see `model::amx`) for this weight.
 fn amx_ok(t: BlockType, (n, k): (usize, usize)) -> bool {
     amx::available() && amx::supports(t, n, k)
@@ -384,9 +437,9 @@ impl GatedMlp {
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?;
+        let [g, u] = forward_shared([&self.gate, &self.up], x)?;
         let g = if self.gelu { g.gelu()? } else { candle_nn::ops::silu(&g)? };
-        let h = (g * self.up.forward(x)?)?;
+        let h = (g * u)?;
         self.down.forward(&h)
     }
 }

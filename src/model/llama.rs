@@ -8,8 +8,8 @@ use candle_core::Device;
 
 use super::gguf::GgufFile;
 use super::layers::{
-    attention, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm, Rope, RopeStyle,
-    Weight,
+    attention, forward_shared, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm,
+    Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
 
@@ -110,9 +110,10 @@ impl Llama {
         let scale = 1.0 / (hd as f64).sqrt();
         for b in &mut self.blocks {
             let h = b.attn_norm.forward(&x)?;
-            let q = (split_heads(&b.q.forward(&h)?, heads, hd)? * scale)?;
-            let k = split_heads(&b.k.forward(&h)?, kv, hd)?;
-            let v = split_heads(&b.v.forward(&h)?, kv, hd)?;
+            let [q, k, v] = forward_shared([&b.q, &b.k, &b.v], &h)?;
+            let q = (split_heads(&q, heads, hd)? * scale)?;
+            let k = split_heads(&k, kv, hd)?;
+            let v = split_heads(&v, kv, hd)?;
             let q = self.rope.apply(&q, pos)?;
             let k = self.rope.apply(&k, pos)?;
             let (ks, vs) = b.cache.append(&k, &v)?;
