@@ -260,20 +260,9 @@ pub fn dequantize_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, cols: usiz
         let o = (out_ptr as *mut f32).wrapping_add(first * cols);
         #[cfg(target_arch = "x86_64")]
         if tier != Tier::Scalar {
-            use avx2::*;
             // SAFETY: AVX2/FMA/F16C are present (checked above); `src` holds `blocks` whole blocks and the
             // work items write disjoint ranges of `out`'s allocation (`last <= rows`).
-            unsafe {
-                match code(t) {
-                    Q4_0 => dequantize_blocks::<Q4_0>(src.as_ptr(), blocks, o),
-                    Q4_1 => dequantize_blocks::<Q4_1>(src.as_ptr(), blocks, o),
-                    Q5_0 => dequantize_blocks::<Q5_0>(src.as_ptr(), blocks, o),
-                    Q8_0 => dequantize_blocks::<Q8_0>(src.as_ptr(), blocks, o),
-                    Q4K => dequantize_blocks::<Q4K>(src.as_ptr(), blocks, o),
-                    Q5K => dequantize_blocks::<Q5K>(src.as_ptr(), blocks, o),
-                    _ => dequantize_blocks::<Q6K>(src.as_ptr(), blocks, o),
-                }
-            }
+            unsafe { avx2::dequantize_blocks_of(t, src.as_ptr(), blocks, o) };
             return;
         }
         // SAFETY: as above; the range is zeroed before it is viewed as floats.
@@ -297,21 +286,9 @@ pub fn dequantize_row_on(tier: Tier, t: BlockType, row: &[u8], out: &mut [f32]) 
     assert_eq!(out.len(), blocks * t.block_elems());
     #[cfg(target_arch = "x86_64")]
     if tier != Tier::Scalar && Tier::supported().contains(&tier) {
-        use avx2::*;
-        let (src, o) = (row.as_ptr(), out.as_mut_ptr());
         // SAFETY: AVX2/FMA/F16C are present (the tier is supported); `row` holds `blocks` whole blocks and
         // `out` their elements (asserted).
-        unsafe {
-            match code(t) {
-                Q4_0 => dequantize_blocks::<Q4_0>(src, blocks, o),
-                Q4_1 => dequantize_blocks::<Q4_1>(src, blocks, o),
-                Q5_0 => dequantize_blocks::<Q5_0>(src, blocks, o),
-                Q8_0 => dequantize_blocks::<Q8_0>(src, blocks, o),
-                Q4K => dequantize_blocks::<Q4K>(src, blocks, o),
-                Q5K => dequantize_blocks::<Q5K>(src, blocks, o),
-                _ => dequantize_blocks::<Q6K>(src, blocks, o),
-            }
-        }
+        unsafe { avx2::dequantize_blocks_of(t, row.as_ptr(), blocks, out.as_mut_ptr()) };
         return;
     }
     for (b, ob) in row.chunks_exact(t.block_bytes()).zip(out.chunks_exact_mut(t.block_elems())) {
@@ -844,6 +821,19 @@ mod avx2 {
                     }
                 }
             }
+        }
+    }
+
+    /// [`dequantize_blocks`] for a block type known at run time.
+    pub(super) unsafe fn dequantize_blocks_of(t: BlockType, src: *const u8, n: usize, out: *mut f32) {
+        match code(t) {
+            Q4_0 => dequantize_blocks::<Q4_0>(src, n, out),
+            Q4_1 => dequantize_blocks::<Q4_1>(src, n, out),
+            Q5_0 => dequantize_blocks::<Q5_0>(src, n, out),
+            Q8_0 => dequantize_blocks::<Q8_0>(src, n, out),
+            Q4K => dequantize_blocks::<Q4K>(src, n, out),
+            Q5K => dequantize_blocks::<Q5K>(src, n, out),
+            _ => dequantize_blocks::<Q6K>(src, n, out),
         }
     }
 
