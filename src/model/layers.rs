@@ -129,10 +129,7 @@ impl Linear {
             (Weight::Mapped { t, m }, _) if batched && on_amx => {
                 let (n, k) = self.w.dims()?;
                 let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-                let y = amx::matmul_t(*t, m.bytes(), n, k, &xs);
-                let mut dims = x.dims().to_vec();
-                *dims.last_mut().expect("at least one dimension") = n;
-                Tensor::from_vec(y, dims, x.device())?
+                shaped_like(x, amx::matmul_t(*t, m.bytes(), n, k, &xs), n)?
             }
             (Weight::Mapped { t, m }, _) if batched => {
                 let (n, k) = self.w.dims()?;
@@ -147,6 +144,10 @@ impl Linear {
             (_, Some(mm)) => mm.forward(x)?,
             (Weight::Candle(_), None) => unreachable!("`new` builds a QMatMul for every candle weight"),
         };
+        self.add_bias(y)
+    }
+
+    fn add_bias(&self, y: Tensor) -> Result<Tensor> {
         Ok(match &self.b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
@@ -196,13 +197,8 @@ pub(crate) fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor) -
     drop(jobs);
     let mut out = Vec::with_capacity(N);
     for (l, y) in layers.iter().zip(ys) {
-        let mut dims = x.dims().to_vec();
-        *dims.last_mut().expect("at least one dimension") = y.len();
-        let y = Tensor::from_vec(y, dims, x.device())?;
-        out.push(match &l.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        });
+        let n = y.len();
+        out.push(l.add_bias(shaped_like(x, y, n)?)?);
     }
     Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")))
 }
@@ -222,6 +218,11 @@ fn block_matvec(t: BlockType, w: &[u8], (n, k): (usize, usize), x: &Tensor) -> R
         kernels::quantize_row_q8_for(t, xr, &mut xq);
         kernels::matvec(t, w, n, &xq, yr);
     }
+    shaped_like(x, y, n)
+}
+
+/// `y` as a tensor of `x`'s shape with the last dimension `n` (the output of a layer applied to `x`).
+fn shaped_like(x: &Tensor, y: Vec<f32>, n: usize) -> Result<Tensor> {
     let mut dims = x.dims().to_vec();
     *dims.last_mut().expect("at least one dimension") = n;
     Ok(Tensor::from_vec(y, dims, x.device())?)
