@@ -10,7 +10,7 @@
 //! every finished task and `resume` skips them. The model stays loaded across tasks, and because the
 //! driver keeps its KV cache, tasks with the same function set reuse the prefilled system prompt.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::sync::Arc;
@@ -32,11 +32,14 @@ pub struct ExpectedCall {
     pub arguments: Value,
 }
 
-/// One task of a task file.
+/// One task of a task file. Fields reagent does not know are kept by name in `unknown` (reported once per
+/// name by [`unknown_fields`]) rather than refused: task files are shared between tools.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct EvalTask {
     pub id: String,
+    /// The task's category, for per-category accuracy (default: see [`EvalTask::category`]).
+    #[serde(default)]
+    pub category: Option<String>,
     #[serde(default)]
     pub question: Option<String>,
     #[serde(default)]
@@ -45,6 +48,44 @@ pub struct EvalTask {
     pub functions: Vec<Value>,
     #[serde(default)]
     pub expected: Option<Vec<ExpectedCall>>,
+    /// Fields of the line that reagent does not know.
+    #[serde(flatten, skip_serializing)]
+    pub unknown: BTreeMap<String, Value>,
+    /// The line of the task file (1-based).
+    #[serde(skip)]
+    pub line: usize,
+}
+
+impl EvalTask {
+    /// The `category` field, else the id without a trailing `_N` or `-N` (`parallel_12` → `parallel`),
+    /// else the whole id.
+    pub fn category(&self) -> String {
+        if let Some(c) = &self.category {
+            return c.clone();
+        }
+        // BFCL's live ids carry two numbers (`live_simple_105-62`).
+        let mut head = self.id.as_str();
+        while let Some((h, n)) = head.rsplit_once(['_', '-']) {
+            if h.is_empty() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                break;
+            }
+            head = h;
+        }
+        head.to_string()
+    }
+}
+
+/// The unknown fields of `tasks`, each once, with the first line it appears on.
+pub fn unknown_fields(tasks: &[EvalTask]) -> Vec<(String, usize)> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for t in tasks {
+        for k in t.unknown.keys() {
+            seen.entry(k).or_insert(t.line);
+        }
+    }
+    let mut v: Vec<(String, usize)> = seen.into_iter().map(|(k, l)| (k.to_string(), l)).collect();
+    v.sort_by_key(|(_, l)| *l);
+    v
 }
 
 /// Reads a task file; errors name the line.
@@ -58,7 +99,8 @@ pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
             continue;
         }
         let bad = |m: String| Error::InvalidArgument(format!("{}:{}: {m}", path.display(), i + 1));
-        let t: EvalTask = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let mut t: EvalTask = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        t.line = i + 1;
         if t.question.is_some() == t.messages.is_some() {
             return Err(bad("a task needs exactly one of `question` and `messages`".into()));
         }
@@ -102,6 +144,8 @@ pub struct RecordedCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskResult {
     pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
     pub calls: Vec<RecordedCall>,
     pub final_answer: Option<String>,
     pub stop_reason: String,
@@ -115,6 +159,23 @@ pub struct TaskResult {
     pub seconds: f64,
     /// Exact match with `expected`, when the task has one.
     pub correct: Option<bool>,
+    /// The first decision's margin at its call/answer branch (see [`crate::agent::BranchBiases`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_margin: Option<f32>,
+    /// The first decision's margins of ending the turn after each call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_margins: Vec<f32>,
+}
+
+/// Totals of one category.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CategorySummary {
+    pub tasks: usize,
+    /// Tasks whose recorded calls are not empty.
+    pub with_calls: usize,
+    pub scored: usize,
+    pub correct: usize,
+    pub accuracy: Option<f64>,
 }
 
 /// Totals of an eval.
@@ -129,6 +190,9 @@ pub struct Summary {
     pub mean_seconds: f64,
     pub generated_tokens: usize,
     pub tok_s: f64,
+    /// Per category (see [`EvalTask::category`]), when the results name categories.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub categories: BTreeMap<String, CategorySummary>,
 }
 
 impl Summary {
@@ -149,8 +213,25 @@ impl Summary {
             mean_seconds: if n > 0 { secs / n as f64 } else { 0.0 },
             generated_tokens: generated,
             tok_s: if secs > 0.0 { generated as f64 / secs } else { 0.0 },
+            categories: categories(results),
         }
     }
+}
+
+fn categories(results: &[TaskResult]) -> BTreeMap<String, CategorySummary> {
+    let mut m: BTreeMap<String, CategorySummary> = BTreeMap::new();
+    for r in results {
+        let Some(c) = &r.category else { continue };
+        let s = m.entry(c.clone()).or_default();
+        s.tasks += 1;
+        s.with_calls += usize::from(!r.calls.is_empty());
+        s.scored += usize::from(r.correct.is_some());
+        s.correct += usize::from(r.correct == Some(true));
+    }
+    for s in m.values_mut() {
+        s.accuracy = (s.scored > 0).then(|| s.correct as f64 / s.scored as f64);
+    }
+    m
 }
 
 /// Whether `calls` are exactly the expected ones: the same names with the same arguments, in any order.
@@ -238,6 +319,9 @@ pub fn run_eval(
         let mut config = opts.agent.clone();
         if opts.dry_run {
             config.max_steps = 1;
+            // Only whether the first decision calls, and what, is recorded: a native answer's text is not
+            // needed past its first tokens (its first token already made the choice).
+            config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(16);
         }
         if specs.is_empty() && config.tool_choice == ToolChoice::Auto {
             config.tool_choice = ToolChoice::None;
@@ -248,6 +332,7 @@ pub fn run_eval(
         if let Err(e) = crate::agent::decision::decision_schema(&specs, &config.tool_choice, &config.decision) {
             let result = TaskResult {
                 id: task.id.clone(),
+                category: Some(task.category()),
                 calls: Vec::new(),
                 final_answer: None,
                 stop_reason: format!("invalid_task: {e}"),
@@ -259,6 +344,8 @@ pub fn run_eval(
                 generated_tokens: 0,
                 seconds: 0.0,
                 correct: task.expected.as_ref().map(|_| false),
+                call_margin: None,
+                stop_margins: Vec::new(),
             };
             write_line(out, &result)?;
             results.push(result);
@@ -288,11 +375,13 @@ pub fn run_eval(
             (StopReason::MaxSteps { .. }, true) => "first_decision".to_string(),
             (s, _) => serde_json::to_value(s)?["kind"].as_str().unwrap_or("unknown").to_string(),
         };
+        let first_margins = t.steps.first().map(|s| s.stats.branch_margins.clone()).unwrap_or_default();
         // No valid decision at all is a failure, not a correct "no call".
         let decided = !t.steps.is_empty();
         let correct = task.expected.as_ref().map(|e| decided && matches_expected(e, &calls, &specs));
         let result = TaskResult {
             id: task.id.clone(),
+            category: Some(task.category()),
             calls,
             final_answer: t.final_answer.clone(),
             stop_reason,
@@ -304,6 +393,8 @@ pub fn run_eval(
             generated_tokens: t.stats.generated_tokens,
             seconds: t0.elapsed().as_secs_f64(),
             correct,
+            call_margin: first_margins.iter().find(|m| m.rule == 0).map(|m| m.margin),
+            stop_margins: first_margins.iter().filter(|m| m.rule != 0).map(|m| m.margin).collect(),
         };
         write_line(out, &result)?;
         results.push(result);

@@ -75,6 +75,16 @@ struct EvalArgs {
     /// Write the summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
     summary_json: Option<PathBuf>,
+    /// Decision format: react (reagent's JSON object, any model) or native (the model's own tool-call
+    /// syntax, for templates that render tools: Qwen 2.5).
+    #[arg(long, default_value = "react")]
+    format: String,
+    /// Logit bias for calling a tool over answering at the first token of a native decision.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    call_bias: f32,
+    /// Logit bias for one more call over ending a native decision after a call.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    more_calls_bias: f32,
     /// Tools file(s) implementing task functions (without --dry-run).
     #[arg(long, value_name = "FILE")]
     tools: Vec<PathBuf>,
@@ -118,6 +128,16 @@ struct RunArgs {
     /// Ask before each tool call.
     #[arg(long)]
     confirm: bool,
+    /// Decision format: react (reagent's JSON object, any model) or native (the model's own tool-call
+    /// syntax, for templates that render tools: Qwen 2.5).
+    #[arg(long, default_value = "react")]
+    format: String,
+    /// Logit bias for calling a tool over answering at the first token of a native decision.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    call_bias: f32,
+    /// Logit bias for one more call over ending a native decision after a call.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    more_calls_bias: f32,
     /// Print the events as JSON lines instead of the readable display.
     #[arg(long)]
     json: bool,
@@ -585,6 +605,8 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout: std::time::Duration::from_secs_f64(a.tool_timeout),
         first_decision_calls: !a.allow_direct_answer,
+        format: a.format.parse()?,
+        branch_biases: reagent::agent::BranchBiases { call: a.call_bias, more_calls: a.more_calls_bias },
         ..AgentConfig::default()
     };
     let (json, colour) = (a.json, std::io::stderr().is_terminal());
@@ -619,11 +641,14 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
 
 fn eval(a: EvalArgs) -> Result<()> {
     use reagent::agent::{AgentConfig, Driver, ModelDriver};
-    use reagent::eval::{finished_ids, load_tasks, run_eval, EvalOptions, Summary};
+    use reagent::eval::{finished_ids, load_tasks, run_eval, unknown_fields, EvalOptions, Summary};
     use reagent::tools::{builtin_tools, load_tools_file, BuiltinOptions};
 
     let tool_choice: reagent::ToolChoice = a.tool_choice.parse()?;
     let tasks = load_tasks(&a.tasks)?;
+    for (field, line) in unknown_fields(&tasks) {
+        eprintln!("warning: {}: unknown task field `{field}` (first on line {line}); ignored", a.tasks.display());
+    }
     let mut previous = if a.resume { finished_ids(&a.out)? } else { Vec::new() };
     let done: std::collections::HashSet<String> = previous.iter().map(|r| r.id.clone()).collect();
     let todo: Vec<_> = tasks.into_iter().filter(|t| !done.contains(&t.id)).collect();
@@ -656,6 +681,8 @@ fn eval(a: EvalArgs) -> Result<()> {
             max_steps: a.max_steps,
             max_retries: a.max_retries,
             decision: reagent::DecisionOptions { parallel_calls: a.parallel_calls, ..Default::default() },
+            format: a.format.parse()?,
+            branch_biases: reagent::agent::BranchBiases { call: a.call_bias, more_calls: a.more_calls_bias },
             ..AgentConfig::default()
         },
     };
@@ -690,6 +717,12 @@ fn eval(a: EvalArgs) -> Result<()> {
         s.mean_seconds,
         s.tok_s
     );
+    for (name, c) in &s.categories {
+        let acc = c
+            .accuracy
+            .map_or(String::new(), |x| format!(", exact match {}/{} ({:.0}%)", c.correct, c.scored, x * 100.0));
+        eprintln!("  {name}: {} tasks, {} with calls{acc}", c.tasks, c.with_calls);
+    }
     if let Some(p) = &a.summary_json {
         std::fs::write(p, serde_json::to_string_pretty(&s)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;

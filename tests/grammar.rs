@@ -271,3 +271,78 @@ fn forced_tokens_are_counted_and_structure_is_forced() {
     assert_eq!(g.stop, reagent::StopReason::GrammarComplete);
     assert_eq!(forced + c.stats().sampled_tokens, g.tokens.len());
 }
+
+// The native format: `<tool_call>` blocks in the model's own syntax, or a plain answer.
+
+const N_CALC: &str = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2+2\"}}\n</tool_call>";
+const N_WEATHER: &str =
+    "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}\n</tool_call>";
+const N_ANSWER: &str = "It is 4.";
+
+fn native(choice: ToolChoice, opts: DecisionOptions) -> Grammar {
+    Grammar::Lark(reagent::agent::native::native_grammar(&tools(), &choice, &opts).unwrap())
+}
+
+#[test]
+fn native_grammar_ties_arguments_to_the_named_tool() {
+    let two = format!("{N_CALC}\n{N_WEATHER}");
+    let three = format!("{N_CALC}\n{N_WEATHER}\n{N_CALC}");
+    let parallel = DecisionOptions { parallel_calls: Some(2), ..DecisionOptions::default() };
+    check_table(
+        native(ToolChoice::Auto, parallel.clone()),
+        &[N_CALC, N_WEATHER, N_ANSWER, &two, "Two lines\nof answer"],
+        &[
+            // the other tool's arguments, a missing required argument, an unknown tool or argument
+            "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1\", \"x\": 1}}\n</tool_call>",
+            // compact separators (the template renders ", " and ": "), arguments first, no newline
+            "<tool_call>\n{\"name\":\"calculator\",\"arguments\":{\"expression\":\"1\"}}\n</tool_call>",
+            "<tool_call>\n{\"arguments\": {\"expression\": \"1\"}, \"name\": \"calculator\"}\n</tool_call>",
+            "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1\"}}</tool_call>",
+            // more calls than allowed, text after a call, an unclosed call, an answer starting with `<` or blank
+            &three,
+            &format!("{N_CALC} done"),
+            "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"1\"}}",
+            "<b>4</b>",
+            " 4",
+            "",
+        ],
+    );
+    let single = DecisionOptions::default();
+    check_table(native(ToolChoice::Auto, single.clone()), &[N_CALC, N_ANSWER], &[&two]);
+    check_table(native(ToolChoice::Required, single.clone()), &[N_CALC, N_WEATHER], &[N_ANSWER]);
+    check_table(native(ToolChoice::None, single.clone()), &[N_ANSWER], &[N_CALC]);
+    check_table(native(ToolChoice::Specific("weather".into()), single), &[N_WEATHER], &[N_CALC, N_ANSWER]);
+}
+
+/// A branch bias decides the call/answer choice at the first token, and its margin is recorded before the
+/// bias: a large positive bias makes a call, a large negative one an answer, whatever the weights.
+#[test]
+fn branch_bias_takes_the_call_or_answer_choice() {
+    use reagent::decode::constraint::{BranchBias, BranchPoint};
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let starts =
+        reagent::agent::native::NativeTokens::of(&tok).expect("the tiny vocabulary has the markers").call_starts;
+    let opts = DecisionOptions { max_string_chars: 8, max_answer_tokens: 6, ..DecisionOptions::default() };
+    let prompt = tok.encode("hello world", false).unwrap();
+    let stops = model.stop_tokens().to_vec();
+    let mut margins = Vec::new();
+    for bias in [100.0f32, -100.0] {
+        let grammar = native(ToolChoice::Auto, opts.clone());
+        let branches = vec![BranchBias { at: BranchPoint::Start, tokens: starts.clone(), bias }];
+        let mut c = engine.constraint(&grammar).unwrap().with_branches(branches);
+        let params = GenerateParams { max_tokens: 200, ..GenerateParams::default() };
+        let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+        let d = reagent::agent::native::parse_native(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
+        assert_eq!(matches!(d, Decision::FinalAnswer { .. }), bias < 0.0, "bias {bias}: {:?}", g.text);
+        let m = &c.stats().branch_margins;
+        assert_eq!(m.len(), 1, "one branch point at the start: {m:?}");
+        margins.push(m[0].margin);
+    }
+    // The recorded margin is the model's own, the same whichever way the bias pushed.
+    assert_eq!(margins[0], margins[1]);
+}

@@ -49,6 +49,50 @@ impl std::str::FromStr for ToolChoice {
     }
 }
 
+/// How decisions are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionFormat {
+    /// reagent's ReAct JSON object `{thought, type, tool, args, answer}`, described in the system prompt;
+    /// works with every model.
+    #[default]
+    React,
+    /// The model's own tool-call syntax, with the tools rendered by its chat template (for templates that
+    /// support it, see [`crate::agent::native`]).
+    Native,
+}
+
+impl std::str::FromStr for DecisionFormat {
+    type Err = Error;
+
+    /// `react` or `native`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "react" => Ok(Self::React),
+            "native" => Ok(Self::Native),
+            _ => Err(Error::InvalidArgument(format!("unknown decision format `{s}` (react, native)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for DecisionFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::React => "react",
+            Self::Native => "native",
+        })
+    }
+}
+
+/// Logit biases at the branches of a decision (see [`crate::decode::constraint::BranchBias`]): positive
+/// values favour calling a tool over answering, and one more call over stopping. Applied where the format
+/// makes the choice at one token (the native format).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct BranchBiases {
+    pub call: f32,
+    pub more_calls: f32,
+}
+
 /// Bounds and shape options of the decision grammar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecisionOptions {
@@ -60,11 +104,19 @@ pub struct DecisionOptions {
     pub max_array_items: usize,
     /// Allow up to this many calls in one decision (`type: call_tools`); `None` or `Some(1)`: single calls.
     pub parallel_calls: Option<usize>,
+    /// Maximum tokens of a native-format answer (ReAct answers are bounded by `max_string_chars`).
+    pub max_answer_tokens: usize,
 }
 
 impl Default for DecisionOptions {
     fn default() -> Self {
-        Self { max_thought_chars: 200, max_string_chars: 1000, max_array_items: 32, parallel_calls: None }
+        Self {
+            max_thought_chars: 200,
+            max_string_chars: 1000,
+            max_array_items: 32,
+            parallel_calls: None,
+            max_answer_tokens: 400,
+        }
     }
 }
 
@@ -173,7 +225,7 @@ fn substitute(v: &Value, vars: &[(&str, Value)]) -> Value {
 
 /// A tool's argument schema with length bounds added where it has none, and `additionalProperties:
 /// false` on objects that do not say otherwise (a decision may not invent arguments).
-fn bounded_args(schema: &Value, opts: &DecisionOptions) -> Value {
+pub(crate) fn bounded_args(schema: &Value, opts: &DecisionOptions) -> Value {
     let mut s = schema.clone();
     bound(&mut s, opts);
     if let Some(o) = s.as_object_mut() {

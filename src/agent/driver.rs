@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
-use crate::decode::constraint::{Grammar, GrammarEngine};
+use super::native::{self, NativeTokens};
+use crate::decode::constraint::{BranchBias, BranchPoint, Grammar, GrammarEngine};
 use crate::decode::generate::{generate_continuing, GenerateParams, Prompt, StopReason};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
@@ -20,8 +22,13 @@ use crate::text::chat::{ChatMessage, Role};
 #[derive(Debug, Clone, Copy)]
 pub struct DecisionRequest<'a> {
     pub messages: &'a [ChatMessage],
-    /// The decision schema for this step's tool choice.
-    pub schema: &'a Value,
+    /// The decision grammar for this step's tool choice (a JSON schema for ReAct, Lark for native).
+    pub grammar: &'a Grammar,
+    /// The tools, for the chat template to render (native format).
+    pub tools: Option<&'a Value>,
+    pub format: DecisionFormat,
+    /// Thresholds at the decision's branches.
+    pub biases: BranchBiases,
     pub max_tokens: usize,
     /// 0 for the first attempt at a step, then 1, 2, … for retries.
     pub attempt: usize,
@@ -50,9 +57,15 @@ pub trait Driver {
     fn observation_role(&self) -> Role {
         Role::User
     }
-    /// Tokens `messages` take as a prompt, and the context capacity; `None` when unbounded.
-    fn measure(&mut self, _messages: &[ChatMessage]) -> Result<Option<(usize, usize)>> {
+    /// Tokens `messages` (and `tools`, rendered by the template) take as a prompt, and the context
+    /// capacity; `None` when unbounded.
+    fn measure(&mut self, _messages: &[ChatMessage], _tools: Option<&Value>) -> Result<Option<(usize, usize)>> {
         Ok(None)
+    }
+    /// Whether decisions can be made in the native format (the model's template renders tools and its
+    /// tokenizer has the call markers).
+    fn supports_native(&self) -> bool {
+        true
     }
 }
 
@@ -66,6 +79,8 @@ pub struct ModelDriver {
     cached: Vec<u32>,
     prompt_len: usize,
     reuse_prefix: bool,
+    /// The native format's branch tokens (a vocabulary scan, done once).
+    native_tokens: std::sync::OnceLock<Option<NativeTokens>>,
 }
 
 impl ModelDriver {
@@ -80,12 +95,22 @@ impl ModelDriver {
             cached: Vec::new(),
             prompt_len: 0,
             reuse_prefix: true,
+            native_tokens: Default::default(),
         })
     }
 
     /// Free-form generation; the decision is extracted from the text.
     pub fn free_form(model: Model, sampling: Sampling, seed: u64) -> Self {
-        Self { model, engine: None, sampling, seed, cached: Vec::new(), prompt_len: 0, reuse_prefix: true }
+        Self {
+            model,
+            engine: None,
+            sampling,
+            seed,
+            cached: Vec::new(),
+            prompt_len: 0,
+            reuse_prefix: true,
+            native_tokens: Default::default(),
+        }
     }
 
     /// Recompute every prompt from scratch instead of reusing the KV cache of the previous step (to
@@ -105,9 +130,26 @@ impl ModelDriver {
         &self.cached[..self.prompt_len.min(self.cached.len())]
     }
 
-    fn tokens(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+    fn tokens(&self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Vec<u32>> {
         let tok = self.model.tokenizer();
-        self.model.chat_template().render_tokens(tok, messages, true, None)
+        self.model.chat_template().render_tokens(tok, messages, true, tools)
+    }
+
+    /// The branch biases of a native decision: on the tokens that start a call, at the start (call or
+    /// answer: rule 0), and on the end of the turn after each call (stop or call again: the other rules).
+    fn branches(&self, req: &DecisionRequest<'_>) -> Vec<BranchBias> {
+        if req.format != DecisionFormat::Native {
+            return Vec::new();
+        }
+        let Some(t) = self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())) else {
+            return Vec::new();
+        };
+        let mut b = vec![BranchBias { at: BranchPoint::Start, tokens: t.call_starts.clone(), bias: req.biases.call }];
+        let stops = self.model.stop_tokens().to_vec();
+        for &end in &t.call_ends {
+            b.push(BranchBias { at: BranchPoint::After(end), tokens: stops.clone(), bias: -req.biases.more_calls });
+        }
+        b
     }
 }
 
@@ -122,7 +164,7 @@ impl Driver for ModelDriver {
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         let t = Instant::now();
-        let prompt = self.tokens(req.messages)?;
+        let prompt = self.tokens(req.messages, req.tools)?;
         let reused =
             if self.reuse_prefix { self.cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count() } else { 0 };
         // From here on the cache beyond `reused` is being overwritten: if generation fails midway, the
@@ -130,7 +172,7 @@ impl Driver for ModelDriver {
         self.cached.truncate(reused);
         self.model.truncate(reused);
         let mut constraint = match &self.engine {
-            Some(e) => Some(e.constraint(&Grammar::JsonSchema(req.schema.clone()))?),
+            Some(e) => Some(e.constraint(req.grammar)?.with_branches(self.branches(req))),
             None => None,
         };
         // Greedy decoding would repeat a failed attempt token for token (a runaway string stays a runaway
@@ -170,6 +212,7 @@ impl Driver for ModelDriver {
             generated_tokens: g.tokens.len(),
             forced_tokens: constraint.as_ref().map_or(0, |c| c.stats().forced_tokens),
             seconds: t.elapsed().as_secs_f64(),
+            branch_margins: constraint.as_ref().map(|c| c.stats().branch_margins.clone()).unwrap_or_default(),
         };
         Ok(DriverOutput { text: g.text, complete, stats })
     }
@@ -188,8 +231,13 @@ impl Driver for ModelDriver {
         self.model.truncate(self.prompt_len);
     }
 
-    fn measure(&mut self, messages: &[ChatMessage]) -> Result<Option<(usize, usize)>> {
-        Ok(Some((self.tokens(messages)?.len(), self.model.context_length())))
+    fn measure(&mut self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Option<(usize, usize)>> {
+        Ok(Some((self.tokens(messages, tools)?.len(), self.model.context_length())))
+    }
+
+    fn supports_native(&self) -> bool {
+        native::template_supports_native(self.model.chat_template().source())
+            && self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())).is_some()
     }
 }
 
@@ -255,7 +303,7 @@ impl Driver for ScriptedDriver {
         Ok(DriverOutput { text, complete, stats })
     }
 
-    fn measure(&mut self, messages: &[ChatMessage]) -> Result<Option<(usize, usize)>> {
+    fn measure(&mut self, messages: &[ChatMessage], _tools: Option<&Value>) -> Result<Option<(usize, usize)>> {
         Ok(self.context.map(|c| (messages.iter().map(|m| m.content.len()).sum(), c)))
     }
 }

@@ -18,6 +18,10 @@ pub struct DecisionStats {
     /// Tokens the grammar forced.
     pub forced_tokens: usize,
     pub seconds: f64,
+    /// Logit margins where branch biases applied (native format: call vs answer, then one more call vs
+    /// stop after each call), for tuning the biases offline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub branch_margins: Vec<crate::decode::constraint::BranchMargin>,
 }
 
 /// Something that happened during a run.

@@ -24,16 +24,18 @@
 pub mod decision;
 pub mod driver;
 pub mod events;
+pub mod native;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub use decision::{Decision, DecisionOptions, ToolCall, ToolChoice};
+pub use decision::{BranchBiases, Decision, DecisionFormat, DecisionOptions, ToolCall, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
 pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
 
+use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, Executor, Interceptor, Tool, ToolSet};
@@ -42,6 +44,10 @@ use crate::tools::{CallOutcome, Executor, Interceptor, Tool, ToolSet};
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub tool_choice: ToolChoice,
+    /// How decisions are written: reagent's ReAct object or the model's own call syntax.
+    pub format: DecisionFormat,
+    /// Thresholds of the call/answer and more-calls/stop choices (native format).
+    pub branch_biases: BranchBiases,
     /// Decisions before the run stops without an answer.
     pub max_steps: usize,
     /// Extra attempts per step after an extraction or validation failure.
@@ -67,6 +73,8 @@ impl Default for AgentConfig {
     fn default() -> Self {
         Self {
             tool_choice: ToolChoice::Auto,
+            format: DecisionFormat::React,
+            branch_biases: BranchBiases::default(),
             max_steps: 8,
             max_retries: 2,
             decision: DecisionOptions::default(),
@@ -148,8 +156,15 @@ impl AgentBuilder {
         for t in self.tools {
             set.add(t)?;
         }
+        if self.config.format == DecisionFormat::Native && !driver.supports_native() {
+            return Err(Error::InvalidArgument(
+                "the native decision format needs a chat template that renders tools and the model's call \
+                 markers (Qwen 2.5's); use the react format"
+                    .into(),
+            ));
+        }
         // Fails now, not mid-run, on an unknown tool choice or a bad tool set.
-        decision::decision_schema(&set.specs(), &self.config.tool_choice, &self.config.decision)?;
+        StepGrammar::new(&set.specs(), &self.config.tool_choice, &self.config)?;
         let mut executor = Executor::new(set, self.config.tool_timeout);
         for i in self.interceptors {
             executor.intercept(i);
@@ -208,22 +223,34 @@ impl Agent {
         let task = conversation.iter().rev().find(|m| m.role == Role::User).map(|m| m.content.as_str()).unwrap_or("");
         let t0 = Instant::now();
         let specs = self.executor.tools().specs();
-        let mut system = decision::decision_instructions(&specs, &self.config.tool_choice, &self.config.decision);
+        let native = self.config.format == DecisionFormat::Native;
+        // ReAct: the decision format and the tools are described in the system prompt. Native: the chat
+        // template renders the tools, and the system prompt holds only what the caller gave.
+        let mut system = match native {
+            false => decision::decision_instructions(&specs, &self.config.tool_choice, &self.config.decision),
+            true => String::new(),
+        };
         let extra = self.config.system_prompt.iter().map(String::as_str);
         for text in extra.chain(conversation.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str())) {
-            system.push('\n');
+            if !system.is_empty() {
+                system.push('\n');
+            }
             system.push_str(text);
         }
-        let schema = StepSchema::new(&specs, &self.config.tool_choice, &self.config.decision)?;
+        let tools_value = (native && !specs.is_empty()).then(|| native::tools_value(&specs));
+        let schema = StepGrammar::new(&specs, &self.config.tool_choice, &self.config)?;
         // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
-        let answer_only = StepSchema::new(&specs, &ToolChoice::None, &self.config.decision)?;
+        let answer_only = StepGrammar::new(&specs, &ToolChoice::None, &self.config)?;
         let first_call =
             (self.config.first_decision_calls && self.config.tool_choice == ToolChoice::Auto && !specs.is_empty())
-                .then(|| StepSchema::new(&specs, &ToolChoice::Required, &self.config.decision))
+                .then(|| StepGrammar::new(&specs, &ToolChoice::Required, &self.config))
                 .transpose()?;
         let mut force_answer = false;
         let observation_role = self.driver.observation_role();
-        let mut messages = vec![ChatMessage::system(system)];
+        let mut messages = Vec::new();
+        if !system.is_empty() {
+            messages.push(ChatMessage::system(system));
+        }
         messages.extend(conversation.iter().filter(|m| m.role != Role::System).cloned());
         let names = specs.iter().map(|s| s.name.clone()).collect();
         self.emit(AgentEvent::RunStarted { task: task.into(), tools: names, driver: self.driver.name().into() });
@@ -241,7 +268,7 @@ impl Agent {
                 _ => &schema,
             };
             let (decision, text, dstats, retries) =
-                match self.attempt(step_no, &mut messages, step_schema, &mut stats)? {
+                match self.attempt(step_no, &mut messages, step_schema, tools_value.as_ref(), &mut stats)? {
                     Attempt::Decided { decision, text, stats, retries } => (decision, text, stats, retries),
                     Attempt::Stop(s) => break s,
                 };
@@ -264,17 +291,28 @@ impl Agent {
                 if matches!(outcome, CallOutcome::Repeated { .. }) {
                     force_answer = self.config.tool_choice == ToolChoice::Auto;
                 }
-                observations.push(format!("{} {} returned: {}", call.tool, call.args, outcome.observation()));
+                observations.push(match native {
+                    // The template wraps each tool turn as the model saw results in training.
+                    true => outcome.observation(),
+                    // Naming the call next to its result lets small models connect the two.
+                    false => format!("{} {} returned: {}", call.tool, call.args, outcome.observation()),
+                });
                 step.calls.push(CallRecord { call, outcome });
             }
-            // Naming the call next to its result lets small models connect the two.
-            let next = match self.config.tool_choice {
-                ToolChoice::Auto => "\nIf this answers the task, give the final answer now.",
-                _ => "",
-            };
-            let observation = format!("Observation: {}{next}", observations.join("\n"));
-            messages.push(ChatMessage::new(observation_role, observation.clone()));
-            step.observation = Some(observation);
+            if native {
+                for o in &observations {
+                    messages.push(ChatMessage::new(Role::Tool, o.clone()));
+                }
+                step.observation = Some(observations.join("\n"));
+            } else {
+                let next = match self.config.tool_choice {
+                    ToolChoice::Auto => "\nIf this answers the task, give the final answer now.",
+                    _ => "",
+                };
+                let observation = format!("Observation: {}{next}", observations.join("\n"));
+                messages.push(ChatMessage::new(observation_role, observation.clone()));
+                step.observation = Some(observation);
+            }
             steps.push(step);
         };
         if stop != StopReason::FinalAnswer {
@@ -294,7 +332,8 @@ impl Agent {
         &mut self,
         step: usize,
         messages: &mut [ChatMessage],
-        schema: &StepSchema,
+        schema: &StepGrammar,
+        tools: Option<&Value>,
         stats: &mut RunStats,
     ) -> Result<Attempt> {
         let mut feedback: Option<String> = None;
@@ -306,12 +345,15 @@ impl Agent {
             if let Some(f) = &feedback {
                 request_messages.push(ChatMessage::user(f.clone()));
             }
-            if let Some(stop) = self.fit_context(messages, &mut request_messages)? {
+            if let Some(stop) = self.fit_context(messages, &mut request_messages, tools)? {
                 return Ok(Attempt::Stop(stop));
             }
             let req = DecisionRequest {
                 messages: &request_messages,
-                schema: &schema.schema,
+                grammar: &schema.grammar,
+                tools,
+                format: self.config.format,
+                biases: self.config.branch_biases,
                 max_tokens: self.config.max_decision_tokens,
                 attempt,
             };
@@ -327,7 +369,10 @@ impl Agent {
             }
             let error = match self.check(&out, schema) {
                 Ok(decision) => {
-                    let text = serde_json::to_string(&decision_value(&out.text))?;
+                    let text = match self.config.format {
+                        DecisionFormat::React => serde_json::to_string(&decision_value(&out.text))?,
+                        DecisionFormat::Native => out.text.trim().to_string(),
+                    };
                     return Ok(Attempt::Decided { decision, text, stats: out.stats, retries: attempt });
                 }
                 Err(Failure::Extraction(error)) => {
@@ -347,9 +392,12 @@ impl Agent {
             };
             stats.retries += 1;
             self.driver.rollback();
-            feedback = Some(format!(
-                "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
-            ));
+            feedback = Some(match self.config.format {
+                DecisionFormat::React => format!(
+                    "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
+                ),
+                DecisionFormat::Native => format!("Your last reply was not valid: {error}."),
+            });
             last_error = error;
         }
         stats.retries -= 1; // the last failure was not followed by a retry
@@ -358,7 +406,10 @@ impl Agent {
 
     /// Extraction (a complete JSON object) and validation (the decision schema, known tools, the tools'
     /// argument schemas and validators).
-    fn check(&self, out: &DriverOutput, schema: &StepSchema) -> std::result::Result<Decision, Failure> {
+    fn check(&self, out: &DriverOutput, schema: &StepGrammar) -> std::result::Result<Decision, Failure> {
+        if schema.validator.is_none() {
+            return self.check_native(out, schema);
+        }
         if !out.complete {
             return Err(Failure::Extraction(format!(
                 "the reply ended before the decision was complete ({} tokens)",
@@ -382,7 +433,44 @@ impl Agent {
                 return Err(Failure::Validation(format!("{} (tool `{tool}`)", msg.trim_start_matches("Error: ")), v));
             }
         }
-        let decision = schema.validator.parse(v.clone()).map_err(|e| Failure::Validation(e, v))?;
+        let validator = schema.validator.as_ref().expect("ReAct steps have a validator");
+        let decision = validator.parse(v.clone()).map_err(|e| Failure::Validation(e, v))?;
+        Ok(decision)
+    }
+
+    /// [`check`](Self::check) for the native format. An answer cut off at the token limit is kept as it
+    /// is (an answer has no structure to lose); a cut-off call is an extraction failure.
+    fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
+        let starts_call = out.text.trim_start().starts_with(native::CALL_OPEN);
+        if !out.complete && starts_call {
+            return Err(Failure::Extraction(format!(
+                "the reply ended before the call was complete ({} tokens)",
+                out.stats.generated_tokens
+            )));
+        }
+        let decision = native::parse_native(&out.text).map_err(Failure::Extraction)?;
+        let as_value = || serde_json::to_value(&decision).unwrap_or(Value::Null);
+        let calls = decision.calls();
+        let max = self.config.decision.parallel_calls.unwrap_or(1).max(1);
+        let shape_error = match (&step.choice, calls.is_empty()) {
+            (ToolChoice::None, false) => Some("no tool may be called at this step: answer".to_string()),
+            (ToolChoice::Required | ToolChoice::Specific(_), true) => Some("a tool must be called".to_string()),
+            _ if calls.len() > max => Some(format!("{} calls in one reply; at most {max}", calls.len())),
+            (ToolChoice::Specific(name), _) => {
+                calls.iter().find(|c| &c.tool != name).map(|c| format!("`{}` called; only `{name}` may be", c.tool))
+            }
+            _ => None,
+        };
+        if let Some(e) = shape_error {
+            return Err(Failure::Validation(e, as_value()));
+        }
+        for call in &calls {
+            if let Err(outcome) = self.executor.check(call) {
+                let msg = outcome.observation();
+                let e = format!("{} (tool `{}`)", msg.trim_start_matches("Error: "), call.tool);
+                return Err(Failure::Validation(e, as_value()));
+            }
+        }
         Ok(decision)
     }
 
@@ -432,19 +520,24 @@ impl Agent {
 
     /// Makes the request fit the context with room for a decision: shortens the oldest observations
     /// first (in the kept conversation too); `Some(stop)` when even that is not enough.
-    fn fit_context(&mut self, kept: &mut [ChatMessage], request: &mut [ChatMessage]) -> Result<Option<StopReason>> {
+    fn fit_context(
+        &mut self,
+        kept: &mut [ChatMessage],
+        request: &mut [ChatMessage],
+        tools: Option<&Value>,
+    ) -> Result<Option<StopReason>> {
         const SHORT: usize = 200;
         loop {
-            let Some((needed, capacity)) = self.driver.measure(request)? else { return Ok(None) };
+            let Some((needed, capacity)) = self.driver.measure(request, tools)? else { return Ok(None) };
             let needed = needed + self.config.max_decision_tokens;
             if needed <= capacity {
                 return Ok(None);
             }
             // The oldest observation that is still long.
-            let victim = (2..kept.len()).find(|&i| {
-                matches!(kept[i].role, Role::User | Role::Tool)
-                    && kept[i].content.starts_with("Observation")
-                    && kept[i].content.len() > SHORT + 40
+            let victim = (1..kept.len()).find(|&i| {
+                let m = &kept[i];
+                (m.role == Role::Tool || (m.role == Role::User && i >= 2 && m.content.starts_with("Observation")))
+                    && m.content.len() > SHORT + 40
             });
             let Some(i) = victim else {
                 return Ok(Some(StopReason::ContextOverflow { needed, capacity }));
@@ -460,16 +553,30 @@ impl Agent {
     }
 }
 
-/// A decision schema with its compiled validator.
-struct StepSchema {
-    schema: Value,
-    validator: decision::DecisionValidator,
+/// The grammar of one step's decisions, with the compiled validator of a ReAct schema.
+struct StepGrammar {
+    grammar: Grammar,
+    choice: ToolChoice,
+    validator: Option<decision::DecisionValidator>,
 }
 
-impl StepSchema {
-    fn new(specs: &[crate::tools::ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<Self> {
+impl StepGrammar {
+    fn new(specs: &[crate::tools::ToolSpec], choice: &ToolChoice, config: &AgentConfig) -> Result<Self> {
+        let opts = &config.decision;
+        // The ReAct schema also checks the tool set (duplicates, an unknown tool choice) for both formats.
         let schema = decision::decision_schema(specs, choice, opts)?;
-        Ok(Self { validator: decision::DecisionValidator::new(&schema)?, schema })
+        Ok(match config.format {
+            DecisionFormat::React => Self {
+                validator: Some(decision::DecisionValidator::new(&schema)?),
+                grammar: Grammar::JsonSchema(schema),
+                choice: choice.clone(),
+            },
+            DecisionFormat::Native => Self {
+                grammar: Grammar::Lark(native::native_grammar(specs, choice, opts)?),
+                choice: choice.clone(),
+                validator: None,
+            },
+        })
     }
 }
 

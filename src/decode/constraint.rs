@@ -139,7 +139,15 @@ impl GrammarEngine {
         let first = matcher.compute_mask().map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
         let mut stats = ConstraintStats::default();
         stats.mask_times.push(t.elapsed());
-        Ok(Constraint { matcher, pending_mask: Some(first), vocab: self.vocab, stats })
+        Ok(Constraint {
+            matcher,
+            pending_mask: Some(first),
+            vocab: self.vocab,
+            stats,
+            branches: Vec::new(),
+            consumed: 0,
+            last: None,
+        })
     }
 }
 
@@ -152,6 +160,39 @@ pub struct ConstraintStats {
     pub forced_tokens: usize,
     /// Tokens sampled under a mask.
     pub sampled_tokens: usize,
+    /// Every place a [`BranchBias`] applied, in order.
+    pub branch_margins: Vec<BranchMargin>,
+}
+
+/// Where a [`BranchBias`] applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchPoint {
+    /// Before the first token.
+    Start,
+    /// Right after this token (sampled or forced).
+    After(u32),
+}
+
+/// A bias added to the logits of the tokens that start one side of a branch of the grammar (call a tool
+/// or answer; one more call or stop): the model's choice there is then taken against a threshold set by
+/// measurement, rather than by the raw argmax.
+///
+/// Under greedy decoding the biased side wins exactly when its margin (the best allowed logit among
+/// `tokens` minus the best allowed logit outside them) exceeds `-bias`. The margins are recorded
+/// ([`ConstraintStats::branch_margins`]), so thresholds can be tuned offline from one run made with a
+/// large bias. A point where only one side is allowed is not a branch and is skipped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BranchBias {
+    pub at: BranchPoint,
+    pub tokens: Vec<u32>,
+    pub bias: f32,
+}
+
+/// One application of a [`BranchBias`]: its index and the margin before the bias.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct BranchMargin {
+    pub rule: usize,
+    pub margin: f32,
 }
 
 impl ConstraintStats {
@@ -184,9 +225,19 @@ pub struct Constraint {
     pending_mask: Option<SimpleVob>,
     vocab: usize,
     stats: ConstraintStats,
+    branches: Vec<BranchBias>,
+    /// Tokens consumed so far, and the last of them (for [`BranchPoint`]s).
+    consumed: usize,
+    last: Option<u32>,
 }
 
 impl Constraint {
+    /// Adds branch biases (see [`BranchBias`]).
+    pub fn with_branches(mut self, branches: Vec<BranchBias>) -> Self {
+        self.branches = branches;
+        self
+    }
+
     /// Tokens the grammar forces next (possibly none); consumes them.
     pub fn forced_tokens(&mut self) -> Result<Vec<u32>> {
         if self.matcher.is_stopped() {
@@ -194,9 +245,11 @@ impl Constraint {
         }
         let ff = self.matcher.consume_ff_tokens();
         self.check()?;
-        if !ff.is_empty() {
+        if let Some(&t) = ff.last() {
             self.pending_mask = None;
             self.stats.forced_tokens += ff.len();
+            self.consumed += ff.len();
+            self.last = Some(t);
         }
         Ok(ff)
     }
@@ -224,25 +277,67 @@ impl Constraint {
         };
         let n = self.vocab.min(logits.len());
         apply_mask(&mask, &mut logits[..n]);
+        self.apply_branches(logits);
         Ok(())
+    }
+
+    fn apply_branches(&mut self, logits: &mut [f32]) {
+        for (rule, b) in self.branches.iter().enumerate() {
+            let here = match b.at {
+                BranchPoint::Start => self.consumed == 0,
+                BranchPoint::After(t) => self.last == Some(t),
+            };
+            if !here {
+                continue;
+            }
+            let side = |i: usize| b.tokens.contains(&(i as u32));
+            let (mut inside, mut outside) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for (i, &l) in logits.iter().enumerate() {
+                if l > f32::NEG_INFINITY {
+                    if side(i) {
+                        inside = inside.max(l);
+                    } else {
+                        outside = outside.max(l);
+                    }
+                }
+            }
+            if inside == f32::NEG_INFINITY || outside == f32::NEG_INFINITY {
+                continue; // one side only: not a branch here
+            }
+            self.stats.branch_margins.push(BranchMargin { rule, margin: inside - outside });
+            for &t in &b.tokens {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l += b.bias;
+                }
+            }
+        }
     }
 
     /// Advances the grammar by a sampled token (one the mask allowed).
     pub fn consume(&mut self, token: u32) -> Result<()> {
         self.matcher.consume_token(token).map_err(|e| Error::Grammar(format!("{e:#}")))?;
         self.stats.sampled_tokens += 1;
+        self.consumed += 1;
+        self.last = Some(token);
         Ok(())
     }
 
     /// Consumes as many of `tokens` as the grammar allows, in order; returns how many it took.
     pub fn consume_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
         self.pending_mask = None;
-        self.matcher.try_consume_tokens(tokens).map_err(|e| Error::Grammar(format!("{e:#}")))
+        let n = self.matcher.try_consume_tokens(tokens).map_err(|e| Error::Grammar(format!("{e:#}")))?;
+        if n > 0 {
+            self.consumed += n;
+            self.last = Some(tokens[n - 1]);
+        }
+        Ok(n)
     }
 
     /// Undoes the last `n` tokens (sampled or forced).
     pub fn rollback(&mut self, n: usize) -> Result<()> {
         self.pending_mask = None;
+        self.consumed = self.consumed.saturating_sub(n);
+        self.last = None; // not known without the history; a rolled-back branch point is not re-biased
         self.matcher.rollback(n).map_err(|e| Error::Grammar(format!("{e:#}")))
     }
 

@@ -62,8 +62,8 @@ pub const TINY_MERGES: &[(&str, &str)] = &[
 
 /// Control tokens of the tiny BPE vocabulary (after the 256 byte tokens and the merges).
 pub const TINY_BPE_CONTROL: &[&str] = &["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-/// A user-defined token (always parsed, like Qwen's `<tool_call>`).
-pub const TINY_BPE_USER: &str = "<tool_call>";
+/// User-defined tokens (always parsed, like Qwen's call markers).
+pub const TINY_BPE_USER: &[&str] = &["<tool_call>", "</tool_call>"];
 
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + \
 '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -97,8 +97,10 @@ fn bpe_vocab(pre: &str) -> Vocab {
         tokens.push(t.to_string());
         types.push(3);
     }
-    tokens.push(TINY_BPE_USER.to_string());
-    types.push(4);
+    for t in TINY_BPE_USER {
+        tokens.push(t.to_string());
+        types.push(4);
+    }
     let id = |t: &str| tokens.iter().position(|x| x == t).expect("token exists") as u32;
     let meta = vec![
         ("tokenizer.ggml.model".to_string(), Value::String("gpt2".into())),

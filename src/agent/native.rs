@@ -1,0 +1,222 @@
+//! The native decision format: the model's own tool-calling syntax instead of reagent's ReAct object.
+//!
+//! Models trained for function calling have a format of their own, and a chat template that renders the
+//! tool list the way they saw it in training. Qwen 2.5's template puts the tools in a `<tools>` block of
+//! the system turn, and the model answers with one or more
+//!
+//! ```text
+//! <tool_call>
+//! {"name": "get_weather", "arguments": {"city": "Paris"}}
+//! </tool_call>
+//! ```
+//!
+//! blocks, separated by a newline, or with plain text. In this format a decision is constrained by a Lark
+//! grammar ([`native_grammar`]): either calls, each naming a registered tool with arguments that satisfy its
+//! schema (an inline `%json` schema per call), or an answer. The `<tool_call>` markers are the tokenizer's
+//! own user-defined tokens, so the choice between calling and answering is made at one token, where a
+//! [`BranchBias`](crate::decode::constraint::BranchBias) sets the threshold (see [`NativeTokens`]).
+//! [`parse_native`] reads the output back into the same [`Decision`] the ReAct format produces.
+
+use serde_json::{json, Value};
+
+use super::decision::{bounded_args, Decision, DecisionOptions, ToolCall, ToolChoice};
+use crate::error::{Error, Result};
+use crate::text::tokenizer::Tokenizer;
+use crate::tools::ToolSpec;
+
+/// The opening and closing markers of one call.
+pub const CALL_OPEN: &str = "<tool_call>";
+pub const CALL_CLOSE: &str = "</tool_call>";
+
+/// Whether a chat template renders tools in the native call format (Qwen 2.5 and its derivatives).
+pub fn template_supports_native(source: &str) -> bool {
+    source.contains("tools") && source.contains(CALL_OPEN) && source.contains(CALL_CLOSE)
+}
+
+/// The opening and closing of a call written as a fenced JSON block, the form Qwen 2.5 Coder models
+/// often use instead of the markers.
+pub const FENCE_OPEN: &str = "```json\n";
+pub const FENCE_CLOSE: &str = "\n```";
+
+/// The tokens where a native decision branches, when the tokenizer has the call markers as single tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NativeTokens {
+    pub open: u32,
+    pub close: u32,
+    /// Tokens that can start a call: the open marker and the tokens that are prefixes of [`FENCE_OPEN`].
+    pub call_starts: Vec<u32>,
+    /// Tokens that can end a call: the close marker and the tokens that are suffixes of [`FENCE_CLOSE`]
+    /// ending in the fence.
+    pub call_ends: Vec<u32>,
+}
+
+impl NativeTokens {
+    /// Looks the markers up; `None` when either is not one token of the vocabulary.
+    pub fn of(tok: &Tokenizer) -> Option<Self> {
+        let one = |s: &str| match tok.encode(s, true).ok()?.as_slice() {
+            [id] => Some(*id),
+            _ => None,
+        };
+        let (open, close) = (one(CALL_OPEN)?, one(CALL_CLOSE)?);
+        let (mut call_starts, mut call_ends) = (vec![open], vec![close]);
+        for id in 0..tok.vocab_size() as u32 {
+            if tok.is_special(id) {
+                continue;
+            }
+            let b = tok.token_bytes(id);
+            if !b.is_empty() && FENCE_OPEN.as_bytes().starts_with(b) {
+                call_starts.push(id);
+            }
+            if b.ends_with(b"```") && FENCE_CLOSE.as_bytes().ends_with(b) {
+                call_ends.push(id);
+            }
+        }
+        Some(Self { open, close, call_starts, call_ends })
+    }
+}
+
+/// The `tools` value chat templates take (the Hugging Face convention).
+pub fn tools_value(tools: &[ToolSpec]) -> Value {
+    Value::Array(
+        tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters
+                }})
+            })
+            .collect(),
+    )
+}
+
+/// The Lark grammar of one native decision under `choice`: one call (or up to `parallel_calls`), or a plain
+/// answer of at most `max_answer_tokens` tokens that does not start with `<`.
+pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
+    let callable: Vec<&ToolSpec> = match choice {
+        ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
+        ToolChoice::None => Vec::new(),
+        ToolChoice::Specific(name) => tools.iter().filter(|t| &t.name == name).collect(),
+    };
+    let answer = matches!(choice, ToolChoice::Auto | ToolChoice::None) || callable.is_empty();
+    if !answer && callable.is_empty() {
+        return Err(Error::InvalidArgument("a native decision needs a tool to call or an answer".into()));
+    }
+    let mut g = String::new();
+    let mut start = Vec::new();
+    if !callable.is_empty() {
+        start.push("calls");
+        // The separators are those of Python's json.dumps, which the template uses when it renders the
+        // calls of earlier turns: the generated text and its re-rendering then tokenize alike.
+        let alternatives: Vec<Value> = callable
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": t.name}, "arguments": bounded_args(&t.parameters, opts)},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false
+                })
+            })
+            .collect();
+        let schema = json!({
+            "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
+            "anyOf": alternatives
+        });
+        let max_calls = opts.parallel_calls.unwrap_or(1).max(1);
+        // calls: call, then up to max_calls - 1 more, each after a newline (a chain of optional rules:
+        // Lark ranges do not apply to rules here).
+        g.push_str("SEP: /\\n\\n?/\n");
+        g.push_str("calls: call");
+        if max_calls > 1 {
+            g.push_str(" more1?");
+        }
+        g.push('\n');
+        for k in 1..max_calls {
+            g.push_str(&format!("more{k}: SEP call"));
+            if k + 1 < max_calls {
+                g.push_str(&format!(" more{}?", k + 1));
+            }
+            g.push('\n');
+        }
+        g.push_str(&format!("call: {CALL_OPEN} \"\\n\" call_json \"\\n\" {CALL_CLOSE} | fenced\n"));
+        g.push_str(&format!("fenced: {:?} call_json {:?}\n", FENCE_OPEN, FENCE_CLOSE));
+        g.push_str(&format!("call_json: %json {}\n", serde_json::to_string(&schema)?));
+    }
+    if answer {
+        start.push("answer");
+        g.push_str(&format!("answer[max_tokens={}]: ANSWER\n", opts.max_answer_tokens.max(1)));
+        // Not starting like a call (`<`, a fence, `{`): the first token tells calls and answers apart.
+        g.push_str("ANSWER: /[^<`{\\s](?s:.)*/\n");
+    }
+    Ok(format!("start: {}\n{g}", start.join(" | ")))
+}
+
+/// Reads a native decision: calls (`<tool_call>` blocks or ```` ```json ```` fences, each `{"name",
+/// "arguments"}`) or, for text that does not start with a call, a final answer. Whitespace between calls
+/// is ignored; other text after a call is an error (under the grammar there is none).
+pub fn parse_native(text: &str) -> std::result::Result<Decision, String> {
+    let starts_call = |r: &str| r.starts_with(CALL_OPEN) || r.starts_with(FENCE_OPEN);
+    let mut rest = text.trim_start();
+    if !starts_call(rest) {
+        return Ok(Decision::FinalAnswer { thought: String::new(), answer: text.trim().to_string() });
+    }
+    let mut calls = Vec::new();
+    while starts_call(rest) {
+        let (open, close) =
+            if rest.starts_with(CALL_OPEN) { (CALL_OPEN, CALL_CLOSE) } else { (FENCE_OPEN, FENCE_CLOSE) };
+        let after = &rest[open.len()..];
+        let end = after.find(close).ok_or_else(|| format!("a call opened with {open:?} is not closed"))?;
+        let v: Value =
+            serde_json::from_str(after[..end].trim()).map_err(|e| format!("a call is not valid JSON: {e}"))?;
+        let name = v.get("name").and_then(Value::as_str).ok_or("a call has no \"name\" string")?;
+        let args = match v.get("arguments") {
+            // Some models write the arguments as a JSON string.
+            Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| format!("`{name}`: arguments: {e}"))?,
+            Some(a) => a.clone(),
+            None => json!({}),
+        };
+        calls.push(ToolCall { tool: name.to_string(), args });
+        rest = after[end + close.len()..].trim_start();
+    }
+    if !rest.is_empty() {
+        return Err(format!("unexpected text after the calls: {:?}", rest.chars().take(40).collect::<String>()));
+    }
+    Ok(match calls.len() {
+        1 => {
+            let c = calls.pop().expect("one call");
+            Decision::CallTool { thought: String::new(), tool: c.tool, args: c.args }
+        }
+        _ => Decision::CallTools { thought: String::new(), calls },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_and_answers_parse() {
+        let one = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+        assert_eq!(
+            parse_native(one).unwrap(),
+            Decision::CallTool { thought: String::new(), tool: "f".into(), args: json!({"x": 1}) }
+        );
+        let fenced = "```json\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n```";
+        assert_eq!(parse_native(fenced).unwrap(), parse_native(one).unwrap());
+        let two = format!("{one}\n<tool_call>\n{{\"name\": \"g\", \"arguments\": \"{{}}\"}}\n</tool_call>");
+        let d = parse_native(&two).unwrap();
+        assert_eq!(d.calls().iter().map(|c| c.tool.as_str()).collect::<Vec<_>>(), ["f", "g"]);
+        assert_eq!(d.calls()[1].args, json!({}));
+        assert!(
+            matches!(parse_native(" It is 4.\n").unwrap(), Decision::FinalAnswer { answer, .. } if answer == "It is 4.")
+        );
+        for bad in [
+            "<tool_call>\n{\"name\": \"f\"",
+            "<tool_call>{\"arguments\": {}}</tool_call>",
+            "<tool_call>{not json}</tool_call>",
+            "<tool_call>{\"name\": \"f\"}</tool_call> and more",
+        ] {
+            assert!(parse_native(bad).is_err(), "{bad}");
+        }
+    }
+}
