@@ -40,6 +40,21 @@ pub struct CatalogEntry {
     pub hf_file: Option<String>,
     #[serde(default)]
     pub packages: Vec<Package>,
+    /// How the agent decides with this model, as measured on the BFCL development split.
+    #[serde(default)]
+    pub decision: DecisionDefaults,
+}
+
+/// A model's default decision settings (the CLI's `--format auto` and bias defaults).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionDefaults {
+    /// `react` or `native`; absent: native where the model's template supports it, else react.
+    pub format: Option<String>,
+    #[serde(default)]
+    pub call_bias: f32,
+    #[serde(default)]
+    pub more_calls_bias: f32,
 }
 
 /// The model catalog.

@@ -75,16 +75,8 @@ struct EvalArgs {
     /// Write the summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
     summary_json: Option<PathBuf>,
-    /// Decision format: react (reagent's JSON object, any model) or native (the model's own tool-call
-    /// syntax, for templates that render tools: Qwen 2.5).
-    #[arg(long, default_value = "react")]
-    format: String,
-    /// Logit bias for calling a tool over answering at the first token of a native decision.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    call_bias: f32,
-    /// Logit bias for one more call over ending a native decision after a call.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    more_calls_bias: f32,
+    #[command(flatten)]
+    decision: DecisionArgs,
     /// Tools file(s) implementing task functions (without --dry-run).
     #[arg(long, value_name = "FILE")]
     tools: Vec<PathBuf>,
@@ -128,16 +120,8 @@ struct RunArgs {
     /// Ask before each tool call.
     #[arg(long)]
     confirm: bool,
-    /// Decision format: react (reagent's JSON object, any model) or native (the model's own tool-call
-    /// syntax, for templates that render tools: Qwen 2.5).
-    #[arg(long, default_value = "react")]
-    format: String,
-    /// Logit bias for calling a tool over answering at the first token of a native decision.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    call_bias: f32,
-    /// Logit bias for one more call over ending a native decision after a call.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    more_calls_bias: f32,
+    #[command(flatten)]
+    decision: DecisionArgs,
     /// Print the events as JSON lines instead of the readable display.
     #[arg(long)]
     json: bool,
@@ -183,6 +167,52 @@ enum ModelsCmd {
         #[arg(long)]
         no_fetch: bool,
     },
+}
+
+#[derive(Args)]
+struct DecisionArgs {
+    /// Decision format: react (reagent's JSON object, any model), native (the model's own tool-call
+    /// syntax, for templates that render tools: Qwen 2.5), or auto (the catalog's choice for the model,
+    /// else native where the template supports it).
+    #[arg(long, default_value = "auto")]
+    format: String,
+    /// Logit bias for calling a tool over answering, where a native decision starts (default: the
+    /// catalog's value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    call_bias: Option<f32>,
+    /// Logit bias for one more call over ending a native decision after a call (default: the catalog's
+    /// value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    more_calls_bias: Option<f32>,
+}
+
+impl DecisionArgs {
+    /// The format and biases for `model` (a catalog name or a path) and what its driver supports.
+    fn resolve(
+        &self,
+        model: &ModelArgs,
+        supports_native: bool,
+    ) -> Result<(reagent::agent::DecisionFormat, reagent::agent::BranchBiases)> {
+        use reagent::agent::DecisionFormat;
+        let cat = Catalog::builtin();
+        let name = model.model.clone().unwrap_or_else(|| cat.default.clone());
+        let defaults = cat.get(&name).map(|e| e.decision.clone()).unwrap_or_default();
+        let format = match (self.format.as_str(), defaults.format.as_deref()) {
+            ("auto", Some(f)) => f.parse()?,
+            ("auto", None) if supports_native => DecisionFormat::Native,
+            ("auto", None) => DecisionFormat::React,
+            (f, _) => f.parse()?,
+        };
+        let format = match format {
+            DecisionFormat::Native if !supports_native && self.format == "auto" => DecisionFormat::React,
+            f => f,
+        };
+        let biases = reagent::agent::BranchBiases {
+            call: self.call_bias.unwrap_or(defaults.call_bias),
+            more_calls: self.more_calls_bias.unwrap_or(defaults.more_calls_bias),
+        };
+        Ok((format, biases))
+    }
 }
 
 #[derive(Args)]
@@ -592,6 +622,7 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
     }
+    let (format, branch_biases) = a.decision.resolve(&a.model, reagent::agent::Driver::supports_native(&driver))?;
     let config = AgentConfig {
         tool_choice,
         max_steps: a.max_steps,
@@ -604,9 +635,11 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         },
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout: std::time::Duration::from_secs_f64(a.tool_timeout),
-        first_decision_calls: !a.allow_direct_answer,
-        format: a.format.parse()?,
-        branch_biases: reagent::agent::BranchBiases { call: a.call_bias, more_calls: a.more_calls_bias },
+        // ReAct decisions of small models answer from memory what a tool would get right, so the CLI's
+        // first ReAct decision calls; a native decision's call/answer choice is calibrated instead.
+        first_decision_calls: !a.allow_direct_answer && format == reagent::agent::DecisionFormat::React,
+        format,
+        branch_biases,
         ..AgentConfig::default()
     };
     let (json, colour) = (a.json, std::io::stderr().is_terminal());
@@ -673,6 +706,11 @@ fn eval(a: EvalArgs) -> Result<()> {
     } else {
         Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?)
     };
+    let (format, branch_biases) = a.decision.resolve(&a.model, driver.supports_native())?;
+    eprintln!(
+        "decisions: {format} format, call bias {}, more-calls bias {}",
+        branch_biases.call, branch_biases.more_calls
+    );
     let opts = EvalOptions {
         dry_run: a.dry_run,
         limit: a.limit,
@@ -681,8 +719,8 @@ fn eval(a: EvalArgs) -> Result<()> {
             max_steps: a.max_steps,
             max_retries: a.max_retries,
             decision: reagent::DecisionOptions { parallel_calls: a.parallel_calls, ..Default::default() },
-            format: a.format.parse()?,
-            branch_biases: reagent::agent::BranchBiases { call: a.call_bias, more_calls: a.more_calls_bias },
+            format,
+            branch_biases,
             ..AgentConfig::default()
         },
     };

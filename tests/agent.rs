@@ -373,3 +373,37 @@ fn first_decision_calls_makes_an_immediate_answer_a_validation_failure() {
     assert!(matches!(&t.steps[0].decision, Decision::CallTool { tool, .. } if tool == "calc"));
     assert!(kinds(&ev).contains(&"validation_failed".to_string()));
 }
+
+/// The native format through the whole loop: a call in the model's own syntax is parsed, validated and run,
+/// its result comes back as a tool turn of its own (no ReAct wording), and a plain reply is the answer. A
+/// call with invalid arguments is retried like a ReAct decision.
+#[test]
+fn native_decisions_run_through_the_same_loop() {
+    let script: Vec<ScriptItem> = vec![
+        "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"nope\": 1}}\n</tool_call>".into(),
+        "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expression\": \"2+3\"}}\n</tool_call>\n\
+         ```json\n{\"name\": \"calc\", \"arguments\": {\"expression\": \"1+1\"}}\n```"
+            .into(),
+        "The sums are 5 and 2.".into(),
+    ];
+    let driver = ScriptedDriver::new(script);
+    let log = driver.log();
+    let config = AgentConfig {
+        format: reagent::agent::DecisionFormat::Native,
+        decision: reagent::DecisionOptions { parallel_calls: Some(2), ..Default::default() },
+        ..AgentConfig::default()
+    };
+    let mut a = Agent::builder().driver(driver).tool(calc()).config(config).build().unwrap();
+    let t = a.run("Add 2 and 3, and 1 and 1").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("The sums are 5 and 2."));
+    assert_eq!(t.steps[0].retries, 1, "the call with an unknown argument is retried");
+    let calls: Vec<_> = t.steps[0].calls.iter().map(|c| c.outcome.observation()).collect();
+    assert_eq!(calls, ["5", "2"]);
+    let last = log.lock().unwrap().last().unwrap().clone();
+    // No ReAct system prompt: the template renders the tools; the results are two tool turns, verbatim.
+    assert_eq!(last[0].role, reagent::Role::User);
+    let tool_turns: Vec<&str> =
+        last.iter().filter(|m| m.role == reagent::Role::Tool).map(|m| m.content.as_str()).collect();
+    assert_eq!(tool_turns, ["5", "2"]);
+    assert!(last[1].content.starts_with("<tool_call>"), "the assistant turn keeps the model's syntax");
+}

@@ -189,3 +189,34 @@ fn a_task_without_any_valid_decision_is_wrong_even_when_no_call_was_expected() {
     assert_eq!(results[0].steps, 0);
     assert_eq!(results[0].correct, Some(false));
 }
+
+/// Categories come from a task's `category` field, else from its id (BFCL's `live_simple_105-62-0` is
+/// `live_simple`); the summary gives accuracy per category; a field reagent does not know is reported by
+/// name, once, with the line it first appears on, and does not stop the file from loading.
+#[test]
+fn categories_are_summarised_and_unknown_fields_reported_once() {
+    use reagent::eval::unknown_fields;
+    let p = common::scratch().join("categories.jsonl");
+    let f = r#""functions":[{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"integer"}}}}]"#;
+    let lines = [
+        format!(r#"{{"id":"simple_1","question":"q",{f},"expected":[{{"name":"f","arguments":{{"x":1}}}}]}}"#),
+        format!(r#"{{"id":"live_simple_105-62-0","question":"q",{f},"expected":[],"source":"bfcl"}}"#),
+        format!(r#"{{"id":"x","category":"mine","question":"q",{f},"expected":[],"source":"bfcl","note":1}}"#),
+    ];
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    let tasks = load_tasks(&p).unwrap();
+    let cats: Vec<String> = tasks.iter().map(|t| t.category()).collect();
+    assert_eq!(cats, ["simple", "live_simple", "mine"]);
+    assert_eq!(unknown_fields(&tasks), [("source".to_string(), 2), ("note".to_string(), 3)]);
+    let script = vec![call("f", json!({"x": 1})), call("f", json!({"x": 2})), call("f", json!({"x": 3}))];
+    let opts = EvalOptions { dry_run: true, limit: None, agent: AgentConfig::default() };
+    let (_, results) =
+        run_eval(Box::new(ScriptedDriver::new(script)), &tasks, &[], &opts, &mut Vec::new(), &mut |_, _| {}).unwrap();
+    let s = Summary::of(&results);
+    let acc = |c: &str| (s.categories[c].tasks, s.categories[c].with_calls, s.categories[c].accuracy);
+    assert_eq!(acc("simple"), (1, 1, Some(1.0)));
+    assert_eq!(acc("live_simple"), (1, 1, Some(0.0)), "a call where none was expected");
+    assert_eq!(acc("mine"), (1, 1, Some(0.0)));
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["categories"]["simple"]["accuracy"], 1.0, "in --summary-json too");
+}

@@ -38,6 +38,14 @@ def main():
     args = ap.parse_args()
 
     rows = [json.loads(l) for l in open(args.forced) if l.strip()]
+    # The agent cuts a decision's calls before the first repeat (Decision::until_repeated_call).
+    for r in rows:
+        calls = r["calls"]
+        for i in range(1, len(calls)):
+            if calls[i] in calls[:i]:
+                r["calls"] = calls[:i]
+                r["stop_margins"] = r.get("stop_margins", [])[: i - 1]
+                break
     max_calls = max(len(r["calls"]) for r in rows)
     cat = {r["id"]: r.get("category") or r["id"].rsplit("_", 1)[0] for r in rows}
 

@@ -146,6 +146,25 @@ impl Decision {
         }
     }
 
+    /// The decision cut before the first call that repeats an earlier call of the same decision (same tool,
+    /// same arguments), and whether anything was cut. A small model asked for several calls, once it has
+    /// made the ones the request needs, tends to start over from the first: a repeat within one decision
+    /// is never useful, and what follows it is a loop, not a request.
+    pub fn until_repeated_call(self) -> (Self, bool) {
+        let Decision::CallTools { thought, mut calls } = self else { return (self, false) };
+        let first_repeat = (1..calls.len()).find(|&i| calls[..i].contains(&calls[i]));
+        let Some(i) = first_repeat else { return (Decision::CallTools { thought, calls }, false) };
+        calls.truncate(i);
+        let d = match calls.len() {
+            1 => {
+                let c = calls.pop().expect("one call");
+                Decision::CallTool { thought, tool: c.tool, args: c.args }
+            }
+            _ => Decision::CallTools { thought, calls },
+        };
+        (d, true)
+    }
+
     /// The calls this decision makes (empty for an answer).
     pub fn calls(&self) -> Vec<ToolCall> {
         match self {
@@ -390,6 +409,19 @@ mod tests {
         assert_eq!(s["properties"]["args"]["additionalProperties"], false);
         assert_eq!(s["properties"]["thought"]["maxLength"], 200);
         assert_eq!(s["properties"]["tool"]["const"], "calculator");
+    }
+
+    #[test]
+    fn calls_stop_at_the_first_repeat() {
+        let c = |x: i64| ToolCall { tool: "f".into(), args: json!({"x": x}) };
+        let d = Decision::CallTools { thought: String::new(), calls: vec![c(1), c(2), c(1), c(3)] };
+        let (d, cut) = d.until_repeated_call();
+        assert!(cut);
+        assert_eq!(d.calls(), vec![c(1), c(2)]);
+        let (d, cut) = Decision::CallTools { thought: String::new(), calls: vec![c(1), c(1)] }.until_repeated_call();
+        assert!(cut && matches!(d, Decision::CallTool { .. }), "{d:?}");
+        let same = Decision::CallTools { thought: String::new(), calls: vec![c(1), c(2)] };
+        assert_eq!(same.clone().until_repeated_call(), (same, false));
     }
 
     #[test]

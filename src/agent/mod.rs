@@ -369,9 +369,16 @@ impl Agent {
             }
             let error = match self.check(&out, schema) {
                 Ok(decision) => {
-                    let text = match self.config.format {
-                        DecisionFormat::React => serde_json::to_string(&decision_value(&out.text))?,
-                        DecisionFormat::Native => out.text.trim().to_string(),
+                    let (decision, cut) = decision.until_repeated_call();
+                    let text = match (self.config.format, cut) {
+                        (DecisionFormat::React, false) => serde_json::to_string(&decision_value(&out.text))?,
+                        (DecisionFormat::React, true) => {
+                            let mut v = decision_value(&out.text);
+                            v["calls"] = serde_json::to_value(decision.calls())?;
+                            serde_json::to_string(&v)?
+                        }
+                        (DecisionFormat::Native, false) => out.text.trim().to_string(),
+                        (DecisionFormat::Native, true) => native::render_calls(&decision.calls()),
                     };
                     return Ok(Attempt::Decided { decision, text, stats: out.stats, retries: attempt });
                 }

@@ -151,6 +151,18 @@ pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOp
     Ok(format!("start: {}\n{g}", start.join(" | ")))
 }
 
+/// Writes calls in the native syntax, as the template renders earlier turns' calls.
+pub fn render_calls(calls: &[ToolCall]) -> String {
+    calls
+        .iter()
+        .map(|c| {
+            let v = json!({"name": c.tool, "arguments": c.args});
+            format!("{CALL_OPEN}\n{}\n{CALL_CLOSE}", crate::text::chat::python_json(&v))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Reads a native decision: calls (`<tool_call>` blocks or ```` ```json ```` fences, each `{"name",
 /// "arguments"}`) or, for text that does not start with a call, a final answer. Whitespace between calls
 /// is ignored; other text after a call is an error (under the grammar there is none).
@@ -207,6 +219,7 @@ mod tests {
         let d = parse_native(&two).unwrap();
         assert_eq!(d.calls().iter().map(|c| c.tool.as_str()).collect::<Vec<_>>(), ["f", "g"]);
         assert_eq!(d.calls()[1].args, json!({}));
+        assert_eq!(parse_native(&render_calls(&d.calls())).unwrap(), d, "rendered calls read back the same");
         assert!(
             matches!(parse_native(" It is 4.\n").unwrap(), Decision::FinalAnswer { answer, .. } if answer == "It is 4.")
         );
