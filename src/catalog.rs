@@ -55,6 +55,8 @@ pub struct DecisionDefaults {
     pub call_bias: f32,
     #[serde(default)]
     pub more_calls_bias: f32,
+    #[serde(default)]
+    pub close_bias: f32,
 }
 
 /// The model catalog.

@@ -6,6 +6,9 @@
 //! `final_answer` means "no call"). Otherwise the whole loop runs, the functions bound to the built-in or
 //! file tools of the same name.
 //!
+//! A task may name its `category` (else its id without trailing numbers is used); the summary counts and
+//! scores per category. Fields reagent does not know are kept and reported once by name, not refused.
+//!
 //! One result line is written (and flushed) per task as soon as it ends, so an interrupted eval keeps
 //! every finished task and `resume` skips them. The model stays loaded across tasks, and because the
 //! driver keeps its KV cache, tasks with the same function set reuse the prefilled system prompt.
@@ -393,8 +396,8 @@ pub fn run_eval(
             generated_tokens: t.stats.generated_tokens,
             seconds: t0.elapsed().as_secs_f64(),
             correct,
-            call_margin: first_margins.iter().find(|m| m.rule == 0).map(|m| m.margin),
-            stop_margins: first_margins.iter().filter(|m| m.rule != 0).map(|m| m.margin).collect(),
+            call_margin: first_margins.iter().find(|m| m.label == "call").map(|m| m.margin),
+            stop_margins: first_margins.iter().filter(|m| m.label == "stop").map(|m| m.margin).collect(),
         };
         write_line(out, &result)?;
         results.push(result);

@@ -145,8 +145,9 @@ struct RunArgs {
     /// Tool call timeout in seconds.
     #[arg(long, default_value_t = 30.0)]
     tool_timeout: f64,
-    /// Let the first decision answer directly; by default, under `auto`, it must call a tool (small models
-    /// otherwise answer from memory what a tool would get right).
+    /// Let the first ReAct decision answer directly; by default, under `auto`, it must call a tool (small
+    /// models otherwise answer from memory what a tool would get right). Native decisions choose between
+    /// calling and answering with the calibrated call bias instead.
     #[arg(long)]
     allow_direct_answer: bool,
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
@@ -184,6 +185,10 @@ struct DecisionArgs {
     /// value for the model, else 0).
     #[arg(long, allow_negative_numbers = true)]
     more_calls_bias: Option<f32>,
+    /// Logit bias for closing an object or array of arguments over adding an optional argument or item,
+    /// in a native decision (default: the catalog's value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    close_bias: Option<f32>,
 }
 
 impl DecisionArgs {
@@ -210,6 +215,7 @@ impl DecisionArgs {
         let biases = reagent::agent::BranchBiases {
             call: self.call_bias.unwrap_or(defaults.call_bias),
             more_calls: self.more_calls_bias.unwrap_or(defaults.more_calls_bias),
+            close: self.close_bias.unwrap_or(defaults.close_bias),
         };
         Ok((format, biases))
     }
@@ -551,7 +557,11 @@ fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
         RunStarted { tools, driver, .. } => paint("2", format!("[{driver} decisions; tools: {}]", tools.join(", "))),
         StepStarted { .. } => return,
         DecisionExtracted { step, decision, stats } => {
-            let mut s = paint("36", format!("{step}. thought: {}", decision.thought()));
+            // Native decisions have no thought: the line then only numbers the step.
+            let mut s = match decision.thought() {
+                "" => paint("36", format!("{step}.")),
+                t => paint("36", format!("{step}. thought: {t}")),
+            };
             s.push_str(&paint(
                 "2",
                 format!(
@@ -708,8 +718,8 @@ fn eval(a: EvalArgs) -> Result<()> {
     };
     let (format, branch_biases) = a.decision.resolve(&a.model, driver.supports_native())?;
     eprintln!(
-        "decisions: {format} format, call bias {}, more-calls bias {}",
-        branch_biases.call, branch_biases.more_calls
+        "decisions: {format} format, call bias {}, more-calls bias {}, close bias {}",
+        branch_biases.call, branch_biases.more_calls, branch_biases.close
     );
     let opts = EvalOptions {
         dry_run: a.dry_run,

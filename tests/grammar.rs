@@ -333,7 +333,8 @@ fn branch_bias_takes_the_call_or_answer_choice() {
     let mut margins = Vec::new();
     for bias in [100.0f32, -100.0] {
         let grammar = native(ToolChoice::Auto, opts.clone());
-        let branches = vec![BranchBias { at: BranchPoint::Start, tokens: starts.clone(), bias }];
+        let branches =
+            vec![BranchBias { label: "call", at: BranchPoint::Start, tokens: starts.clone(), against: None, bias }];
         let mut c = engine.constraint(&grammar).unwrap().with_branches(branches);
         let params = GenerateParams { max_tokens: 200, ..GenerateParams::default() };
         let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
@@ -345,4 +346,39 @@ fn branch_bias_takes_the_call_or_answer_choice() {
     }
     // The recorded margin is the model's own, the same whichever way the bias pushed.
     assert_eq!(margins[0], margins[1]);
+}
+
+/// The closing bias applies only between values, where a comma and a closing bracket compete: a large one
+/// leaves optional arguments out, a large negative one puts them in, and numbers are never cut by it.
+#[test]
+fn closing_bias_decides_optional_arguments_only_between_values() {
+    use reagent::decode::constraint::{BranchBias, BranchPoint};
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let t = reagent::agent::native::NativeTokens::of(&tok).unwrap();
+    let schema = json!({
+        "x-guidance": {"whitespace_flexible": false},
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 100, "maximum": 999}, "b": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": false
+    });
+    let prompt = tok.encode("hello", false).unwrap();
+    for (bias, with_b) in [(100.0f32, false), (-100.0, true)] {
+        let close = BranchBias {
+            label: "close",
+            at: BranchPoint::Anywhere,
+            tokens: t.closers.clone(),
+            against: Some(t.commas.clone()),
+            bias,
+        };
+        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(vec![close]);
+        let params = GenerateParams { max_tokens: 60, ..GenerateParams::default() };
+        let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+        let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
+        assert_eq!(v.get("b").is_some(), with_b, "bias {bias}: {}", g.text);
+        assert!((100..=999).contains(&v["a"].as_i64().unwrap()), "three digits, never cut: {}", g.text);
+        assert!(c.stats().branch_margins.iter().all(|m| m.label == "close"));
+    }
 }

@@ -136,7 +136,8 @@ impl ModelDriver {
     }
 
     /// The branch biases of a native decision: on the tokens that start a call, at the start (call or
-    /// answer: rule 0), and on the end of the turn after each call (stop or call again: the other rules).
+    /// answer), on the end of the turn after each call (stop or call again), and on closing brackets
+    /// between argument values (close or add an optional argument or item).
     fn branches(&self, req: &DecisionRequest<'_>) -> Vec<BranchBias> {
         if req.format != DecisionFormat::Native {
             return Vec::new();
@@ -144,10 +145,23 @@ impl ModelDriver {
         let Some(t) = self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())) else {
             return Vec::new();
         };
-        let mut b = vec![BranchBias { at: BranchPoint::Start, tokens: t.call_starts.clone(), bias: req.biases.call }];
+        let (calls, more, close) = (req.biases.call, -req.biases.more_calls, req.biases.close);
+        let mut b = vec![BranchBias {
+            label: "call",
+            at: BranchPoint::Start,
+            tokens: t.call_starts.clone(),
+            against: None,
+            bias: calls,
+        }];
         let stops = self.model.stop_tokens().to_vec();
         for &end in &t.call_ends {
-            b.push(BranchBias { at: BranchPoint::After(end), tokens: stops.clone(), bias: -req.biases.more_calls });
+            let at = BranchPoint::After(end);
+            b.push(BranchBias { label: "stop", at, tokens: stops.clone(), against: None, bias: more });
+        }
+        if close != 0.0 {
+            // Between argument values, where only a comma or a closing bracket may come next.
+            let (at, against) = (BranchPoint::Anywhere, Some(t.commas.clone()));
+            b.push(BranchBias { label: "close", at, tokens: t.closers.clone(), against, bias: close });
         }
         b
     }

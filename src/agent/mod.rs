@@ -448,14 +448,18 @@ impl Agent {
     /// [`check`](Self::check) for the native format. An answer cut off at the token limit is kept as it
     /// is (an answer has no structure to lose); a cut-off call is an extraction failure.
     fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
-        let starts_call = out.text.trim_start().starts_with(native::CALL_OPEN);
-        if !out.complete && starts_call {
-            return Err(Failure::Extraction(format!(
-                "the reply ended before the call was complete ({} tokens)",
-                out.stats.generated_tokens
-            )));
-        }
-        let decision = native::parse_native(&out.text).map_err(Failure::Extraction)?;
+        let starts_call = native::parse_native(&out.text).map_or(true, |d| !d.calls().is_empty());
+        let decision = match (out.complete, starts_call) {
+            // Cut off by the token limit inside a later call (a runaway string or array): the calls that
+            // were complete are kept.
+            (false, true) => native::parse_complete_calls(&out.text).ok_or_else(|| {
+                Failure::Extraction(format!(
+                    "the reply ended before the call was complete ({} tokens)",
+                    out.stats.generated_tokens
+                ))
+            })?,
+            _ => native::parse_native(&out.text).map_err(Failure::Extraction)?,
+        };
         let as_value = || serde_json::to_value(&decision).unwrap_or(Value::Null);
         let calls = decision.calls();
         let max = self.config.decision.parallel_calls.unwrap_or(1).max(1);

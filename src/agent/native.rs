@@ -48,6 +48,9 @@ pub struct NativeTokens {
     /// Tokens that can end a call: the close marker and the tokens that are suffixes of [`FENCE_CLOSE`]
     /// ending in the fence.
     pub call_ends: Vec<u32>,
+    /// Tokens that start with a closing bracket (`}`, `]`, `}}`, `"}`, …), and with a comma (`,`, `",`).
+    pub closers: Vec<u32>,
+    pub commas: Vec<u32>,
 }
 
 impl NativeTokens {
@@ -59,6 +62,7 @@ impl NativeTokens {
         };
         let (open, close) = (one(CALL_OPEN)?, one(CALL_CLOSE)?);
         let (mut call_starts, mut call_ends) = (vec![open], vec![close]);
+        let (mut closers, mut commas) = (Vec::new(), Vec::new());
         for id in 0..tok.vocab_size() as u32 {
             if tok.is_special(id) {
                 continue;
@@ -70,8 +74,16 @@ impl NativeTokens {
             if b.ends_with(b"```") && FENCE_CLOSE.as_bytes().ends_with(b) {
                 call_ends.push(id);
             }
+            // A string's closing quote often shares a token with what follows it (`",`, `"}`).
+            let after_quote = b.strip_prefix(b"\"").unwrap_or(b);
+            if after_quote.starts_with(b"}") || after_quote.starts_with(b"]") {
+                closers.push(id);
+            }
+            if after_quote.starts_with(b",") {
+                commas.push(id);
+            }
         }
-        Some(Self { open, close, call_starts, call_ends })
+        Some(Self { open, close, call_starts, call_ends, closers, commas })
     }
 }
 
@@ -202,6 +214,16 @@ pub fn parse_native(text: &str) -> std::result::Result<Decision, String> {
     })
 }
 
+/// The complete calls at the start of a reply that was cut off inside a later call; `None` when not even
+/// the first call is complete.
+pub fn parse_complete_calls(text: &str) -> Option<Decision> {
+    let ends = text.match_indices(CALL_CLOSE).map(|(i, m)| i + m.len());
+    let fence_ends = text.match_indices(FENCE_CLOSE).map(|(i, m)| i + m.len());
+    let mut cuts: Vec<usize> = ends.chain(fence_ends).collect();
+    cuts.sort_unstable();
+    cuts.into_iter().rev().find_map(|end| parse_native(&text[..end]).ok().filter(|d| !d.calls().is_empty()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +245,9 @@ mod tests {
         assert!(
             matches!(parse_native(" It is 4.\n").unwrap(), Decision::FinalAnswer { answer, .. } if answer == "It is 4.")
         );
+        let cut = format!("{one}\n<tool_call>\n{{\"name\": \"g\", \"arguments\": {{\"s\": \"aaaa");
+        assert_eq!(parse_complete_calls(&cut).unwrap(), parse_native(one).unwrap());
+        assert_eq!(parse_complete_calls("<tool_call>\n{\"name\": \"g\""), None);
         for bad in [
             "<tool_call>\n{\"name\": \"f\"",
             "<tool_call>{\"arguments\": {}}</tool_call>",

@@ -171,6 +171,8 @@ pub enum BranchPoint {
     Start,
     /// Right after this token (sampled or forced).
     After(u32),
+    /// Anywhere (with [`BranchBias::against`], wherever the grammar allows only the two sides).
+    Anywhere,
 }
 
 /// A bias added to the logits of the tokens that start one side of a branch of the grammar (call a tool
@@ -183,15 +185,20 @@ pub enum BranchPoint {
 /// large bias. A point where only one side is allowed is not a branch and is skipped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BranchBias {
+    /// What the choice is (`call`, `stop`, …): copied into the recorded margins.
+    pub label: &'static str,
     pub at: BranchPoint,
     pub tokens: Vec<u32>,
+    /// When set, the bias applies only where every allowed token is in `tokens` or in this set (the other
+    /// side): a closing bracket against a comma between JSON values, not inside a number.
+    pub against: Option<Vec<u32>>,
     pub bias: f32,
 }
 
-/// One application of a [`BranchBias`]: its index and the margin before the bias.
+/// One application of a [`BranchBias`]: its label and the margin before the bias.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct BranchMargin {
-    pub rule: usize,
+    pub label: &'static str,
     pub margin: f32,
 }
 
@@ -282,12 +289,17 @@ impl Constraint {
     }
 
     fn apply_branches(&mut self, logits: &mut [f32]) {
-        for (rule, b) in self.branches.iter().enumerate() {
+        for b in &self.branches {
             let here = match b.at {
                 BranchPoint::Start => self.consumed == 0,
                 BranchPoint::After(t) => self.last == Some(t),
+                BranchPoint::Anywhere => true,
             };
             if !here {
+                continue;
+            }
+            if let Some(against) = &b.against {
+                self.stats.branch_margins.extend(apply_two_sided(b, against, logits));
                 continue;
             }
             let side = |i: usize| b.tokens.contains(&(i as u32));
@@ -304,7 +316,7 @@ impl Constraint {
             if inside == f32::NEG_INFINITY || outside == f32::NEG_INFINITY {
                 continue; // one side only: not a branch here
             }
-            self.stats.branch_margins.push(BranchMargin { rule, margin: inside - outside });
+            self.stats.branch_margins.push(BranchMargin { label: b.label, margin: inside - outside });
             for &t in &b.tokens {
                 if let Some(l) = logits.get_mut(t as usize) {
                     *l += b.bias;
@@ -352,6 +364,27 @@ impl Constraint {
             None => Ok(()),
         }
     }
+}
+
+/// A branch between `b.tokens` and `against` where other tokens are allowed too (a string may go on
+/// where its closing quote could be followed by a comma or a bracket in one token): it applies only
+/// when the model's best allowed token is on one of the two sides, and then the biased comparison of
+/// the two sides picks the token that goes first.
+fn apply_two_sided(b: &BranchBias, against: &[u32], logits: &mut [f32]) -> Option<BranchMargin> {
+    let best = |set: &[u32]| {
+        set.iter()
+            .filter_map(|&t| logits.get(t as usize).map(|&l| (t as usize, l)))
+            .filter(|&(_, l)| l > f32::NEG_INFINITY)
+            .max_by(|x, y| x.1.total_cmp(&y.1))
+    };
+    let (Some((i, inside)), Some((j, outside))) = (best(&b.tokens), best(against)) else { return None };
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if inside < top && outside < top {
+        return None; // the model goes on with something else (the value is not finished)
+    }
+    let winner = if inside + b.bias > outside { i } else { j };
+    logits[winner] = top + 1.0;
+    Some(BranchMargin { label: b.label, margin: inside - outside })
 }
 
 /// Writes `-inf` into every logit whose bit is clear in `mask`, a word (32 tokens) at a time.
