@@ -51,6 +51,9 @@ pub struct CatalogEntry {
 pub struct DecisionDefaults {
     /// `react` or `native`; absent: native where the model's template supports it, else react.
     pub format: Option<String>,
+    /// The format of multi-step runs (`reagent run`), when it differs from `format` (which single
+    /// decisions, as in `reagent eval --dry-run`, use).
+    pub run_format: Option<String>,
     #[serde(default)]
     pub call_bias: f32,
     #[serde(default)]

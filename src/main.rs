@@ -145,9 +145,8 @@ struct RunArgs {
     /// Tool call timeout in seconds.
     #[arg(long, default_value_t = 30.0)]
     tool_timeout: f64,
-    /// Let the first ReAct decision answer directly; by default, under `auto`, it must call a tool (small
-    /// models otherwise answer from memory what a tool would get right). Native decisions choose between
-    /// calling and answering with the calibrated call bias instead.
+    /// Let the first decision answer directly; by default, under `auto`, it must call a tool (small models
+    /// otherwise answer from memory what a tool would get right).
     #[arg(long)]
     allow_direct_answer: bool,
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
@@ -173,8 +172,8 @@ enum ModelsCmd {
 #[derive(Args)]
 struct DecisionArgs {
     /// Decision format: react (reagent's JSON object, any model), native (the model's own tool-call
-    /// syntax, for templates that render tools: Qwen 2.5), or auto (the catalog's choice for the model,
-    /// else native where the template supports it).
+    /// syntax, for templates that render tools: Qwen 2.5), or auto (the catalog's choice for the model and
+    /// for single or multi-step runs, else native where the template supports it).
     #[arg(long, default_value = "auto")]
     format: String,
     /// Logit bias for calling a tool over answering, where a native decision starts (default: the
@@ -192,17 +191,23 @@ struct DecisionArgs {
 }
 
 impl DecisionArgs {
-    /// The format and biases for `model` (a catalog name or a path) and what its driver supports.
+    /// The format and biases for `model` (a catalog name or a path), what its driver supports, and whether
+    /// the run goes on after the first decision (`reagent run`: the catalog's `run_format` applies).
     fn resolve(
         &self,
         model: &ModelArgs,
         supports_native: bool,
+        multi_step: bool,
     ) -> Result<(reagent::agent::DecisionFormat, reagent::agent::BranchBiases)> {
         use reagent::agent::DecisionFormat;
         let cat = Catalog::builtin();
         let name = model.model.clone().unwrap_or_else(|| cat.default.clone());
         let defaults = cat.get(&name).map(|e| e.decision.clone()).unwrap_or_default();
-        let format = match (self.format.as_str(), defaults.format.as_deref()) {
+        let catalog_format = match multi_step {
+            true => defaults.run_format.as_deref().or(defaults.format.as_deref()),
+            false => defaults.format.as_deref(),
+        };
+        let format = match (self.format.as_str(), catalog_format) {
             ("auto", Some(f)) => f.parse()?,
             ("auto", None) if supports_native => DecisionFormat::Native,
             ("auto", None) => DecisionFormat::React,
@@ -632,7 +637,8 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
     }
-    let (format, branch_biases) = a.decision.resolve(&a.model, reagent::agent::Driver::supports_native(&driver))?;
+    let (format, branch_biases) =
+        a.decision.resolve(&a.model, reagent::agent::Driver::supports_native(&driver), true)?;
     let config = AgentConfig {
         tool_choice,
         max_steps: a.max_steps,
@@ -645,9 +651,11 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         },
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout: std::time::Duration::from_secs_f64(a.tool_timeout),
-        // ReAct decisions of small models answer from memory what a tool would get right, so the CLI's
-        // first ReAct decision calls; a native decision's call/answer choice is calibrated instead.
-        first_decision_calls: !a.allow_direct_answer && format == reagent::agent::DecisionFormat::React,
+        // Small models answer from memory what a tool would get right, so the CLI's first decision calls.
+        // The native call bias is calibrated on BFCL, where abstaining is often right; on a question about
+        // a file the default model's call margin is -1.4 (it answers "Alibaba Cloud"), so it does not
+        // replace this policy yet.
+        first_decision_calls: !a.allow_direct_answer,
         format,
         branch_biases,
         ..AgentConfig::default()
@@ -716,7 +724,7 @@ fn eval(a: EvalArgs) -> Result<()> {
     } else {
         Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?)
     };
-    let (format, branch_biases) = a.decision.resolve(&a.model, driver.supports_native())?;
+    let (format, branch_biases) = a.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
     eprintln!(
         "decisions: {format} format, call bias {}, more-calls bias {}, close bias {}",
         branch_biases.call, branch_biases.more_calls, branch_biases.close
