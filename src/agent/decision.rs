@@ -158,14 +158,18 @@ impl Decision {
         let first_repeat = (1..calls.len()).find(|&i| calls[..i].contains(&calls[i]));
         let Some(i) = first_repeat else { return (Decision::CallTools { thought, calls }, false) };
         calls.truncate(i);
-        let d = match calls.len() {
+        (Decision::from_calls(thought, calls), true)
+    }
+
+    /// A decision making `calls`: a single call when there is one, else several.
+    pub(crate) fn from_calls(thought: String, mut calls: Vec<ToolCall>) -> Self {
+        match calls.len() {
             1 => {
                 let c = calls.pop().expect("one call");
                 Decision::CallTool { thought, tool: c.tool, args: c.args }
             }
             _ => Decision::CallTools { thought, calls },
-        };
-        (d, true)
+        }
     }
 
     /// The calls this decision makes (empty for an answer).

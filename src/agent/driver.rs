@@ -87,23 +87,18 @@ impl ModelDriver {
     /// Constrained decoding (builds the grammar engine: ~0.1–0.5 s once per model).
     pub fn constrained(model: Model, sampling: Sampling, seed: u64) -> Result<Self> {
         let engine = GrammarEngine::new(model.tokenizer().clone(), model.vocab_size(), model.stop_tokens())?;
-        Ok(Self {
-            model,
-            engine: Some(Arc::new(engine)),
-            sampling,
-            seed,
-            cached: Vec::new(),
-            prompt_len: 0,
-            reuse_prefix: true,
-            native_tokens: Default::default(),
-        })
+        Ok(Self::new(model, Some(Arc::new(engine)), sampling, seed))
     }
 
     /// Free-form generation; the decision is extracted from the text.
     pub fn free_form(model: Model, sampling: Sampling, seed: u64) -> Self {
+        Self::new(model, None, sampling, seed)
+    }
+
+    fn new(model: Model, engine: Option<Arc<GrammarEngine>>, sampling: Sampling, seed: u64) -> Self {
         Self {
             model,
-            engine: None,
+            engine,
             sampling,
             seed,
             cached: Vec::new(),

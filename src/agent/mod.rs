@@ -435,9 +435,8 @@ impl Agent {
         for c in calls {
             let Some(tool) = c.get("tool").and_then(|t| t.as_str()) else { continue };
             let call = ToolCall { tool: tool.to_string(), args: c.get("args").cloned().unwrap_or(Value::Null) };
-            if let Err(outcome) = self.executor.check(&call) {
-                let msg = outcome.observation();
-                return Err(Failure::Validation(format!("{} (tool `{tool}`)", msg.trim_start_matches("Error: ")), v));
+            if let Err(e) = self.check_call(&call) {
+                return Err(Failure::Validation(e, v));
             }
         }
         let validator = schema.validator.as_ref().expect("ReAct steps have a validator");
@@ -448,17 +447,17 @@ impl Agent {
     /// [`check`](Self::check) for the native format. An answer cut off at the token limit is kept as it
     /// is (an answer has no structure to lose); a cut-off call is an extraction failure.
     fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
-        let starts_call = native::parse_native(&out.text).map_or(true, |d| !d.calls().is_empty());
-        let decision = match (out.complete, starts_call) {
+        let decision = match native::parse_native(&out.text) {
+            Ok(d) if out.complete || d.calls().is_empty() => d,
+            Err(e) if out.complete => return Err(Failure::Extraction(e)),
             // Cut off by the token limit inside a later call (a runaway string or array): the calls that
             // were complete are kept.
-            (false, true) => native::parse_complete_calls(&out.text).ok_or_else(|| {
+            _ => native::parse_complete_calls(&out.text).ok_or_else(|| {
                 Failure::Extraction(format!(
                     "the reply ended before the call was complete ({} tokens)",
                     out.stats.generated_tokens
                 ))
             })?,
-            _ => native::parse_native(&out.text).map_err(Failure::Extraction)?,
         };
         let as_value = || serde_json::to_value(&decision).unwrap_or(Value::Null);
         let calls = decision.calls();
@@ -476,13 +475,18 @@ impl Agent {
             return Err(Failure::Validation(e, as_value()));
         }
         for call in &calls {
-            if let Err(outcome) = self.executor.check(call) {
-                let msg = outcome.observation();
-                let e = format!("{} (tool `{}`)", msg.trim_start_matches("Error: "), call.tool);
+            if let Err(e) = self.check_call(call) {
                 return Err(Failure::Validation(e, as_value()));
             }
         }
         Ok(decision)
+    }
+
+    /// A call's validation error (unknown tool, arguments failing its schema or validator), naming the tool.
+    fn check_call(&self, call: &ToolCall) -> std::result::Result<(), String> {
+        self.executor.check(call).map_err(|outcome| {
+            format!("{} (tool `{}`)", outcome.observation().trim_start_matches("Error: "), call.tool)
+        })
     }
 
     /// Executes one call, unless it repeats the previous ones too often. Returns the call as made

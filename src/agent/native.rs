@@ -20,7 +20,7 @@
 use serde_json::{json, Value};
 
 use super::decision::{bounded_args, Decision, DecisionOptions, ToolCall, ToolChoice};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::text::tokenizer::Tokenizer;
 use crate::tools::ToolSpec;
 
@@ -41,8 +41,6 @@ pub const FENCE_CLOSE: &str = "\n```";
 /// The tokens where a native decision branches, when the tokenizer has the call markers as single tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NativeTokens {
-    pub open: u32,
-    pub close: u32,
     /// Tokens that can start a call: the open marker and the tokens that are prefixes of [`FENCE_OPEN`].
     pub call_starts: Vec<u32>,
     /// Tokens that can end a call: the close marker and the tokens that are suffixes of [`FENCE_CLOSE`]
@@ -83,7 +81,7 @@ impl NativeTokens {
                 commas.push(id);
             }
         }
-        Some(Self { open, close, call_starts, call_ends, closers, commas })
+        Some(Self { call_starts, call_ends, closers, commas })
     }
 }
 
@@ -102,7 +100,7 @@ pub fn tools_value(tools: &[ToolSpec]) -> Value {
 }
 
 /// The Lark grammar of one native decision under `choice`: one call (or up to `parallel_calls`), or a plain
-/// answer of at most `max_answer_tokens` tokens that does not start with `<`.
+/// answer of at most `max_answer_tokens` tokens that does not start like a call (`<`, a fence, `{`).
 pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
     let callable: Vec<&ToolSpec> = match choice {
         ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
@@ -110,9 +108,6 @@ pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOp
         ToolChoice::Specific(name) => tools.iter().filter(|t| &t.name == name).collect(),
     };
     let answer = matches!(choice, ToolChoice::Auto | ToolChoice::None) || callable.is_empty();
-    if !answer && callable.is_empty() {
-        return Err(Error::InvalidArgument("a native decision needs a tool to call or an answer".into()));
-    }
     let mut g = String::new();
     let mut start = Vec::new();
     if !callable.is_empty() {
@@ -205,13 +200,7 @@ pub fn parse_native(text: &str) -> std::result::Result<Decision, String> {
     if !rest.is_empty() {
         return Err(format!("unexpected text after the calls: {:?}", rest.chars().take(40).collect::<String>()));
     }
-    Ok(match calls.len() {
-        1 => {
-            let c = calls.pop().expect("one call");
-            Decision::CallTool { thought: String::new(), tool: c.tool, args: c.args }
-        }
-        _ => Decision::CallTools { thought: String::new(), calls },
-    })
+    Ok(Decision::from_calls(String::new(), calls))
 }
 
 /// The complete calls at the start of a reply that was cut off inside a later call; `None` when not even

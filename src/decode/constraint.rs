@@ -171,7 +171,8 @@ pub enum BranchPoint {
     Start,
     /// Right after this token (sampled or forced).
     After(u32),
-    /// Anywhere (with [`BranchBias::against`], wherever the grammar allows only the two sides).
+    /// Anywhere (with [`BranchBias::against`], wherever the model's best allowed token is on one of the two
+    /// sides).
     Anywhere,
 }
 
@@ -189,8 +190,9 @@ pub struct BranchBias {
     pub label: &'static str,
     pub at: BranchPoint,
     pub tokens: Vec<u32>,
-    /// When set, the bias applies only where every allowed token is in `tokens` or in this set (the other
-    /// side): a closing bracket against a comma between JSON values, not inside a number.
+    /// When set, the other side: the bias applies only where the model's best allowed token is in `tokens`
+    /// or in this set, and then decides between the two sides (a closing bracket against a comma where a
+    /// value ends, not inside a number or a string that goes on).
     pub against: Option<Vec<u32>>,
     pub bias: f32,
 }
