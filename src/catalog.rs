@@ -60,6 +60,8 @@ pub struct DecisionDefaults {
     pub more_calls_bias: f32,
     #[serde(default)]
     pub close_bias: f32,
+    /// See [`crate::agent::AgentConfig::abstain_below`].
+    pub abstain_below: Option<f32>,
 }
 
 /// The model catalog.

@@ -6,6 +6,10 @@
 //! `final_answer` means "no call"). Otherwise the whole loop runs, the functions bound to the built-in or
 //! file tools of the same name.
 //!
+//! A task may also name `tools`: tools the eval provides (the built-ins, tools files), offered under their
+//! own descriptions, and give `expected_answer`: texts its final answer must contain (case-insensitive),
+//! for multi-step tasks scored on their outcome.
+//!
 //! A task may name its `category` (else its id without trailing numbers is used); the summary counts and
 //! scores per category. Fields reagent does not know are kept and reported once by name, not refused.
 //!
@@ -51,6 +55,12 @@ pub struct EvalTask {
     pub functions: Vec<Value>,
     #[serde(default)]
     pub expected: Option<Vec<ExpectedCall>>,
+    /// Tools the eval provides (by name), offered besides `functions`.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Texts the final answer must contain, compared without case (a string or a list).
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub expected_answer: Option<Vec<String>>,
     /// Fields of the line that reagent does not know.
     #[serde(flatten, skip_serializing)]
     pub unknown: BTreeMap<String, Value>,
@@ -91,6 +101,25 @@ pub fn unknown_fields(tasks: &[EvalTask]) -> Vec<(String, usize)> {
     v
 }
 
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(Some(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    }))
+}
+
+/// Whether `answer` contains every text of `expected`, ignoring case.
+pub fn answer_matches(expected: &[String], answer: Option<&str>) -> bool {
+    let Some(answer) = answer.map(str::to_lowercase) else { return false };
+    expected.iter().all(|e| answer.contains(&e.to_lowercase()))
+}
+
 /// Reads a task file; errors name the line.
 pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
     let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
@@ -116,6 +145,9 @@ pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
         }
         if t.messages.as_ref().is_some_and(|m| !m.iter().any(|m| m.role == crate::text::chat::Role::User)) {
             return Err(bad("`messages` has no user turn".into()));
+        }
+        if let Some(dup) = t.tools.iter().find(|n| names.contains(*n)) {
+            return Err(bad(format!("`{dup}` is both a function and a provided tool")));
         }
         if !ids.insert(t.id.clone()) {
             return Err(bad(format!("duplicate id `{}`", t.id)));
@@ -168,6 +200,9 @@ pub struct TaskResult {
     /// The first decision's margins of ending the turn after each call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_margins: Vec<f32>,
+    /// The grounding of the first call the model made (see [`crate::agent::grounding`]), kept or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grounding: Option<f32>,
 }
 
 /// Totals of one category.
@@ -318,7 +353,18 @@ pub fn run_eval(
     let mut results = Vec::with_capacity(total);
     for task in &tasks[..total] {
         let specs: Vec<ToolSpec> = task.functions.iter().map(ToolSpec::from_function_json).collect::<Result<_>>()?;
-        let bound: Vec<Arc<dyn Tool>> = specs.iter().map(|s| bind(s, tools, opts.dry_run)).collect();
+        let mut bound: Vec<Arc<dyn Tool>> = specs.iter().map(|s| bind(s, tools, opts.dry_run)).collect();
+        let mut specs = Ok(specs);
+        for name in &task.tools {
+            match (tools.iter().find(|t| &t.spec().name == name), &mut specs) {
+                (Some(tool), Ok(specs)) => {
+                    specs.push(tool.spec().clone());
+                    bound.push(bind(tool.spec(), tools, opts.dry_run));
+                }
+                (None, _) => specs = Err(format!("no tool `{name}` is provided (built-ins: --root; others: --tools)")),
+                (Some(_), Err(_)) => {}
+            }
+        }
         let mut config = opts.agent.clone();
         if opts.dry_run {
             config.max_steps = 1;
@@ -326,35 +372,45 @@ pub fn run_eval(
             // needed past its first tokens (its first token already made the choice).
             config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(16);
         }
-        if specs.is_empty() && config.tool_choice == ToolChoice::Auto {
+        if specs.as_ref().is_ok_and(|s| s.is_empty()) && config.tool_choice == ToolChoice::Auto {
             config.tool_choice = ToolChoice::None;
         }
         let t0 = Instant::now();
-        // A task the settings cannot run (say `--tool-choice NAME` and a task without NAME) gets a result
-        // line saying so; checked before the driver, which holds the loaded model, is handed over.
-        if let Err(e) = crate::agent::decision::decision_schema(&specs, &config.tool_choice, &config.decision) {
-            let result = TaskResult {
-                id: task.id.clone(),
-                category: Some(task.category()),
-                calls: Vec::new(),
-                final_answer: None,
-                stop_reason: format!("invalid_task: {e}"),
-                steps: 0,
-                retries: 0,
-                valid_first_try: false,
-                prompt_tokens: 0,
-                reused_tokens: 0,
-                generated_tokens: 0,
-                seconds: 0.0,
-                correct: task.expected.as_ref().map(|_| false),
-                call_margin: None,
-                stop_margins: Vec::new(),
-            };
-            write_line(out, &result)?;
-            results.push(result);
-            progress(results.len(), total);
-            continue;
-        }
+        // A task the settings cannot run (a tool the eval does not provide, `--tool-choice NAME` and a task
+        // without NAME) gets a result line saying so, and the eval goes on; checked before the driver,
+        // which holds the loaded model, is handed over.
+        let specs = specs.and_then(|specs| {
+            crate::agent::decision::decision_schema(&specs, &config.tool_choice, &config.decision)
+                .map(|_| specs)
+                .map_err(|e| e.to_string())
+        });
+        let specs = match specs {
+            Ok(specs) => specs,
+            Err(e) => {
+                let result = TaskResult {
+                    id: task.id.clone(),
+                    category: Some(task.category()),
+                    calls: Vec::new(),
+                    final_answer: None,
+                    stop_reason: format!("invalid_task: {e}"),
+                    steps: 0,
+                    retries: 0,
+                    valid_first_try: false,
+                    prompt_tokens: 0,
+                    reused_tokens: 0,
+                    generated_tokens: 0,
+                    seconds: 0.0,
+                    correct: (task.expected.is_some() || task.expected_answer.is_some()).then_some(false),
+                    call_margin: None,
+                    stop_margins: Vec::new(),
+                    grounding: None,
+                };
+                write_line(out, &result)?;
+                results.push(result);
+                progress(results.len(), total);
+                continue;
+            }
+        };
         let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
         let messages = match (&task.messages, &task.question) {
             (Some(m), _) => m.clone(),
@@ -381,7 +437,12 @@ pub fn run_eval(
         let first_margins = t.steps.first().map(|s| s.stats.branch_margins.clone()).unwrap_or_default();
         // No valid decision at all is a failure, not a correct "no call".
         let decided = !t.steps.is_empty();
-        let correct = task.expected.as_ref().map(|e| decided && matches_expected(e, &calls, &specs));
+        let calls_right = task.expected.as_ref().map(|e| decided && matches_expected(e, &calls, &specs));
+        let answer_right = task.expected_answer.as_ref().map(|e| answer_matches(e, t.final_answer.as_deref()));
+        let correct = match (calls_right, answer_right) {
+            (Some(a), Some(b)) => Some(a && b),
+            (a, b) => a.or(b),
+        };
         let result = TaskResult {
             id: task.id.clone(),
             category: Some(task.category()),
@@ -398,6 +459,7 @@ pub fn run_eval(
             correct,
             call_margin: first_margins.iter().find(|m| m.label == "call").map(|m| m.margin),
             stop_margins: first_margins.iter().filter(|m| m.label == "stop").map(|m| m.margin).collect(),
+            grounding: t.steps.first().and_then(|s| s.grounding),
         };
         write_line(out, &result)?;
         results.push(result);

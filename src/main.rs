@@ -83,6 +83,10 @@ struct EvalArgs {
     /// Root of the built-in file tools (without --dry-run).
     #[arg(long, default_value = ".")]
     root: PathBuf,
+    /// Under `--tool-choice auto`, the first decision must call a tool (as in `reagent run` without
+    /// --allow-direct-answer).
+    #[arg(long)]
+    first_call: bool,
 }
 
 #[derive(Args)]
@@ -188,17 +192,24 @@ struct DecisionArgs {
     /// in a native decision (default: the catalog's value for the model, else 0).
     #[arg(long, allow_negative_numbers = true)]
     close_bias: Option<f32>,
+    /// Under `--tool-choice auto`, turn a first decision into an answer when less than this share of its
+    /// first call's argument values are words of the user's messages: the model called a tool that does
+    /// not fit (default: the catalog's value for the model, else never; 0 disables).
+    #[arg(long)]
+    abstain_below: Option<f32>,
+}
+
+/// What [`DecisionArgs::resolve`] settles.
+struct DecisionSettings {
+    format: reagent::agent::DecisionFormat,
+    biases: reagent::agent::BranchBiases,
+    abstain_below: Option<f32>,
 }
 
 impl DecisionArgs {
     /// The format and biases for `model` (a catalog name or a path), what its driver supports, and whether
     /// the run goes on after the first decision (`reagent run`: the catalog's `run_format` applies).
-    fn resolve(
-        &self,
-        model: &ModelArgs,
-        supports_native: bool,
-        multi_step: bool,
-    ) -> Result<(reagent::agent::DecisionFormat, reagent::agent::BranchBiases)> {
+    fn resolve(&self, model: &ModelArgs, supports_native: bool, multi_step: bool) -> Result<DecisionSettings> {
         use reagent::agent::DecisionFormat;
         let cat = Catalog::builtin();
         let name = model.model.clone().unwrap_or_else(|| cat.default.clone());
@@ -222,7 +233,11 @@ impl DecisionArgs {
             more_calls: self.more_calls_bias.unwrap_or(defaults.more_calls_bias),
             close: self.close_bias.unwrap_or(defaults.close_bias),
         };
-        Ok((format, biases))
+        let abstain_below = match self.abstain_below.or(defaults.abstain_below) {
+            Some(g) if !(0.0..=1.0).contains(&g) => bail!("--abstain-below must be between 0 and 1, not {g}"),
+            g => g.filter(|&g| g > 0.0),
+        };
+        Ok(DecisionSettings { format, biases, abstain_below })
     }
 }
 
@@ -594,6 +609,11 @@ fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
             paint("2", format!("   ← {short}{more} ({seconds:.2} s)"))
         }
         ToolCallBlocked { call, reason, .. } => paint("33", format!("   ✗ {} blocked: {reason}", call.tool)),
+        CallsDropped { calls, grounding, .. } => {
+            let names: Vec<&str> = calls.iter().map(|c| c.tool.as_str()).collect();
+            let share = (grounding * 100.0).round();
+            paint("33", format!("   ✗ {} dropped: {share}% of its values are the user's words", names.join(", ")))
+        }
         FinalAnswer { answer, .. } => paint("1;32", format!("answer: {answer}")),
         RunFailed { reason } => paint("31", format!("stopped: {reason}")),
     };
@@ -637,7 +657,7 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
     }
-    let (format, branch_biases) =
+    let DecisionSettings { format, biases: branch_biases, abstain_below } =
         a.decision.resolve(&a.model, reagent::agent::Driver::supports_native(&driver), true)?;
     let config = AgentConfig {
         tool_choice,
@@ -658,6 +678,7 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         first_decision_calls: !a.allow_direct_answer,
         format,
         branch_biases,
+        abstain_below,
         ..AgentConfig::default()
     };
     let (json, colour) = (a.json, std::io::stderr().is_terminal());
@@ -703,12 +724,10 @@ fn eval(a: EvalArgs) -> Result<()> {
     let mut previous = if a.resume { finished_ids(&a.out)? } else { Vec::new() };
     let done: std::collections::HashSet<String> = previous.iter().map(|r| r.id.clone()).collect();
     let todo: Vec<_> = tasks.into_iter().filter(|t| !done.contains(&t.id)).collect();
-    let mut tools = Vec::new();
-    if !a.dry_run {
-        tools = builtin_tools(&BuiltinOptions { root: a.root.clone(), ..Default::default() })?;
-        for f in &a.tools {
-            tools.extend(load_tools_file(f)?);
-        }
+    // Loaded in dry runs too: a task's `tools` are offered (not run) under their own descriptions.
+    let mut tools = builtin_tools(&BuiltinOptions { root: a.root.clone(), ..Default::default() })?;
+    for f in &a.tools {
+        tools.extend(load_tools_file(f)?);
     }
     let out = std::fs::OpenOptions::new()
         .create(true)
@@ -724,10 +743,14 @@ fn eval(a: EvalArgs) -> Result<()> {
     } else {
         Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?)
     };
-    let (format, branch_biases) = a.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
+    let DecisionSettings { format, biases: branch_biases, abstain_below } =
+        a.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
     eprintln!(
-        "decisions: {format} format, call bias {}, more-calls bias {}, close bias {}",
-        branch_biases.call, branch_biases.more_calls, branch_biases.close
+        "decisions: {format} format, call bias {}, more-calls bias {}, close bias {}, abstain below {}",
+        branch_biases.call,
+        branch_biases.more_calls,
+        branch_biases.close,
+        abstain_below.map_or("never".to_string(), |g| g.to_string())
     );
     let opts = EvalOptions {
         dry_run: a.dry_run,
@@ -739,6 +762,8 @@ fn eval(a: EvalArgs) -> Result<()> {
             decision: reagent::DecisionOptions { parallel_calls: a.parallel_calls, ..Default::default() },
             format,
             branch_biases,
+            abstain_below,
+            first_decision_calls: a.first_call,
             ..AgentConfig::default()
         },
     };

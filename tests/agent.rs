@@ -407,3 +407,67 @@ fn native_decisions_run_through_the_same_loop() {
     assert_eq!(tool_turns, ["5", "2"]);
     assert!(last[1].content.starts_with("<tool_call>"), "the assistant turn keeps the model's syntax");
 }
+
+/// Abstention by grounding: under `auto`, a first call made of values the user never wrote is dropped and
+/// the model asked again for an answer; a grounded call, a later step's call, or a run without a
+/// threshold keep their calls. The grounding is recorded either way.
+#[test]
+fn a_first_call_with_made_up_values_becomes_an_answer() {
+    let config = AgentConfig { abstain_below: Some(0.5), ..AgentConfig::default() };
+    let (mut a, ev) = agent(
+        vec![call("calc", json!({"expression": "7+9"})).into(), answer("No tool tells jokes.").into()],
+        config.clone(),
+    );
+    let t = a.run("Tell me a joke about cats").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("No tool tells jokes."));
+    assert_eq!(t.steps.len(), 1);
+    assert!(t.steps[0].calls.is_empty());
+    assert_eq!(t.steps[0].grounding, Some(0.0));
+    assert_eq!(kinds(&ev), ["run_started", "calls_dropped", "decision_extracted", "final_answer"]);
+    let dropped = ev.lock().unwrap().iter().find_map(|e| match e {
+        AgentEvent::CallsDropped { calls, threshold, .. } => Some((calls.clone(), *threshold)),
+        _ => None,
+    });
+    assert_eq!(dropped, Some((vec![ToolCall { tool: "calc".into(), args: json!({"expression": "7+9"}) }], 0.5)));
+
+    // The second ask allows only an answer: a call there is a validation failure, retried.
+    let (mut a, _) = agent(
+        vec![
+            call("calc", json!({"expression": "7+9"})).into(),
+            call("calc", json!({"expression": "1+1"})).into(),
+            answer("none").into(),
+        ],
+        config.clone(),
+    );
+    let t = a.run("Tell me a joke about cats").unwrap();
+    assert_eq!((t.final_answer.as_deref(), t.steps[0].retries), (Some("none"), 1));
+
+    // Values from the request, and a later step's invented values (its grounding is not asked), are kept.
+    let (mut a, _) = agent(
+        vec![
+            call("calc", json!({"expression": "2+3"})).into(),
+            call("calc", json!({"expression": "40+1"})).into(),
+            answer("5").into(),
+        ],
+        config,
+    );
+    let t = a.run("What is 2+3?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("5"));
+    assert_eq!((t.steps[0].grounding, t.steps[1].grounding), (Some(1.0), None));
+    assert_eq!((t.steps[0].calls.len(), t.steps[1].calls.len()), (1, 1));
+
+    // No threshold: the call is made, its grounding still recorded.
+    let (mut a, _) =
+        agent(vec![call("calc", json!({"expression": "7+9"})).into(), answer("16").into()], AgentConfig::default());
+    let t = a.run("Tell me a joke about cats").unwrap();
+    assert_eq!((t.steps[0].calls.len(), t.steps[0].grounding), (1, Some(0.0)));
+}
+
+#[test]
+fn a_must_call_first_step_is_never_dropped() {
+    let config = AgentConfig { abstain_below: Some(0.5), first_decision_calls: true, ..AgentConfig::default() };
+    let (mut a, ev) = agent(vec![call("calc", json!({"expression": "7+9"})).into(), answer("16").into()], config);
+    let t = a.run("Tell me a joke about cats").unwrap();
+    assert_eq!(t.steps[0].calls.len(), 1);
+    assert!(!kinds(&ev).contains(&"calls_dropped".to_string()));
+}

@@ -220,3 +220,60 @@ fn categories_are_summarised_and_unknown_fields_reported_once() {
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["categories"]["simple"]["accuracy"], 1.0, "in --summary-json too");
 }
+
+/// Multi-step tasks: `tools` offers provided tools under their own descriptions, the loop runs them, and
+/// `expected_answer` scores the final answer (every text, any case). The agent suite in
+/// `tests/data/agent_tasks.jsonl` is made of such tasks over `tests/data/agent_fixture`.
+#[test]
+fn provided_tools_run_and_final_answers_are_scored() {
+    use reagent::tools::{builtin_tools, BuiltinOptions};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/agent_fixture");
+    let p = common::scratch().join("agent-tasks.jsonl");
+    let lines = [
+        r#"{"id":"read-1","question":"Who owns the project in project.txt?","tools":["read_file","list_dir"],"expected_answer":"maria lopez"}"#,
+        r#"{"id":"read-2","question":"Who owns it?","tools":["read_file"],"expected_answer":["Maria","Falcon"]}"#,
+    ];
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    let tasks = load_tasks(&p).unwrap();
+    let tools = builtin_tools(&BuiltinOptions { root, ..Default::default() }).unwrap();
+    let answer = |a: &str| json!({"thought": "t", "type": "final_answer", "answer": a}).to_string();
+    let script = vec![
+        call("read_file", json!({"path": "project.txt"})),
+        answer("The owner is Maria Lopez."),
+        answer("Maria Lopez."),
+    ];
+    let opts = EvalOptions { dry_run: false, limit: None, agent: AgentConfig::default() };
+    let (_, results) =
+        run_eval(Box::new(ScriptedDriver::new(script)), &tasks, &tools, &opts, &mut Vec::new(), &mut |_, _| {})
+            .unwrap();
+    assert_eq!(results[0].calls.len(), 1);
+    assert_eq!((results[0].steps, results[0].correct), (2, Some(true)));
+    assert_eq!(results[1].correct, Some(false), "the project's name is missing from the answer");
+
+    // A tool the eval does not provide: that task's line says so, and the eval goes on.
+    let lines = [
+        r#"{"id":"x","question":"q","tools":["teleport"],"expected_answer":"a"}"#,
+        r#"{"id":"y","question":"q","tools":["calculator"]}"#,
+    ];
+    std::fs::write(&p, lines.join("\n")).unwrap();
+    let tasks = load_tasks(&p).unwrap();
+    let opts = EvalOptions { dry_run: true, limit: None, agent: AgentConfig::default() };
+    let script = vec![call("calculator", json!({"expression": "1+1"}))];
+    let (_, results) =
+        run_eval(Box::new(ScriptedDriver::new(script)), &tasks, &tools, &opts, &mut Vec::new(), &mut |_, _| {})
+            .unwrap();
+    assert!(results[0].stop_reason.starts_with("invalid_task") && results[0].stop_reason.contains("teleport"));
+    assert_eq!(results[0].correct, Some(false));
+    assert_eq!(results[1].calls.len(), 1);
+}
+
+#[test]
+fn the_agent_suite_loads() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/agent_tasks.jsonl");
+    let tasks = load_tasks(&p).unwrap();
+    assert!(tasks.len() >= 30);
+    for kind in ["compute", "read", "read_compute", "search", "recover"] {
+        assert!(tasks.iter().filter(|t| t.category() == kind).count() >= 6, "{kind}");
+    }
+    assert!(tasks.iter().all(|t| t.expected_answer.is_some() && !t.tools.is_empty() && t.unknown.is_empty()));
+}

@@ -13,9 +13,12 @@ the margin of the end of the turn over one more call (`stop_margins`). Under gre
 (c, m), a task answers when `call_margin + c < 0`, and otherwise keeps calls until the first
 `stop_margin - m > 0`. Later calls do not
 change earlier ones (decoding is left to right), so this replays exactly what a run with (c, m) would record.
+A line's `grounding` (the share of its first call's argument values found in the user's words) adds the
+third setting, `--abstain-below g`: a task whose first call has grounding below g answers instead.
 
 The script scores every prefix of every task's calls once with BFCL's checker (score.py), then searches
-the grid of biases for the best mean over categories, and prints the table.
+the grid of (call bias, more-calls bias, abstain-below) for the best mean over categories, and prints the
+table and a sweep of each setting around the best.
 
 usage: tune_branches.py FORCED.jsonl SCORE_PY [--python PY] [--grid-step 0.5]
 """
@@ -62,9 +65,9 @@ def main():
             wrong = {json.loads(l)["id"] for l in open(errs)}
             correct.append({r["id"]: r["id"] not in wrong for r in rows})
 
-    def outcome(r, c, m):
-        cm = r.get("call_margin")
-        if not r["calls"] or (cm is not None and cm + c < 0):
+    def outcome(r, c, m, g):
+        cm, gr = r.get("call_margin"), r.get("grounding")
+        if not r["calls"] or (cm is not None and cm + c < 0) or (gr is not None and gr < g):
             return 0
         k = 1
         for margin in r.get("stop_margins", []):
@@ -73,32 +76,41 @@ def main():
             k += 1
         return k
 
-    def score(c, m):
+    def score(c, m, g=0.0):
         per = defaultdict(lambda: [0, 0])
         for r in rows:
-            per[cat[r["id"]]][0] += correct[outcome(r, c, m)][r["id"]]
+            per[cat[r["id"]]][0] += correct[outcome(r, c, m, g)][r["id"]]
             per[cat[r["id"]]][1] += 1
         accs = {k: v[0] / v[1] for k, v in per.items()}
         return sum(accs.values()) / len(accs), accs
 
     steps = int(args.grid_max / args.grid_step)
     grid = [i * args.grid_step for i in range(-steps, steps + 1)]
-    best = max(((score(c, m)[0], c, m) for c in grid for m in grid), key=lambda t: (t[0], -abs(t[1]) - abs(t[2])))
-    overall, c, m = best
-    print(f"best: call_bias {c:+.1f}, more_calls_bias {m:+.1f}: overall {100 * overall:.2f}")
+    gs = [0.0]
+    if any(r.get("grounding") is not None for r in rows):
+        gs = [i / 20 for i in range(20)]
+    best = max(
+        ((score(c, m, g)[0], c, m, g) for c in grid for m in grid for g in gs),
+        key=lambda t: (t[0], -abs(t[1]) - abs(t[2]) - t[3]),
+    )
+    overall, c, m, g = best
+    print(f"best: call_bias {c:+.1f}, more_calls_bias {m:+.1f}, abstain_below {g:.2f}: overall {100 * overall:.2f}")
     base, accs0 = score(0.0, 0.0)
-    _, accs = score(c, m)
+    _, accs = score(c, m, g)
     print(f"{'category':<20}{'bias 0/0':>10}{'best':>10}")
     for k in sorted(accs):
         print(f"{k:<20}{100 * accs0[k]:>10.1f}{100 * accs[k]:>10.1f}")
     print(f"{'overall':<20}{100 * base:>10.2f}{100 * overall:>10.2f}")
-    print("\ncall_bias sweep at the best more_calls_bias:")
+    print("\ncall_bias sweep at the best other settings:")
     for cc in grid[::2]:
-        print(f"  {cc:+5.1f}: {100 * score(cc, m)[0]:.2f}")
-    print("more_calls_bias sweep at the best call_bias:")
+        print(f"  {cc:+5.1f}: {100 * score(cc, m, g)[0]:.2f}")
+    print("more_calls_bias sweep at the best other settings:")
     for mm in grid[::2]:
-        print(f"  {mm:+5.1f}: {100 * score(c, mm)[0]:.2f}")
-
+        print(f"  {mm:+5.1f}: {100 * score(c, mm, g)[0]:.2f}")
+    if len(gs) > 1:
+        print("abstain_below sweep at the best biases:")
+        for gg in gs:
+            print(f"  {gg:.2f}: {100 * score(c, m, gg)[0]:.2f}")
 
 if __name__ == "__main__":
     main()

@@ -72,6 +72,14 @@ pub enum AgentEvent {
         call: ToolCall,
         reason: String,
     },
+    /// The first decision's calls were dropped for an answer: their values were not the user's
+    /// ([`AgentConfig::abstain_below`](super::AgentConfig::abstain_below)).
+    CallsDropped {
+        step: usize,
+        calls: Vec<ToolCall>,
+        grounding: f32,
+        threshold: f32,
+    },
     FinalAnswer {
         step: usize,
         answer: String,
@@ -144,6 +152,10 @@ pub struct Step {
     /// Failed attempts before this decision.
     pub retries: usize,
     pub stats: DecisionStats,
+    /// The first decision under `auto`: the [grounding](super::grounding::grounding) of the first call the
+    /// model made, whether or not it was kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grounding: Option<f32>,
 }
 
 /// Totals over a run.

@@ -24,6 +24,7 @@
 pub mod decision;
 pub mod driver;
 pub mod events;
+pub mod grounding;
 pub mod native;
 
 use std::sync::Arc;
@@ -67,6 +68,11 @@ pub struct AgentConfig {
     /// Under `auto`, make the first decision a tool call (small models otherwise answer from memory what
     /// a tool would get right); later decisions may answer.
     pub first_decision_calls: bool,
+    /// Under `auto`, a first decision whose first call's [`grounding`](grounding::grounding) (the share of
+    /// its argument values found in the user's words) is below this becomes an answer: the model is asked
+    /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
+    /// it made up; this makes "no tool fits" a calibrated choice. `None`: calls are kept as decided.
+    pub abstain_below: Option<f32>,
 }
 
 impl Default for AgentConfig {
@@ -84,6 +90,7 @@ impl Default for AgentConfig {
             tool_timeout: Duration::from_secs(30),
             system_prompt: None,
             first_decision_calls: false,
+            abstain_below: None,
         }
     }
 }
@@ -267,19 +274,55 @@ impl Agent {
                 (Some(first), true, _) => first,
                 _ => &schema,
             };
-            let (decision, text, dstats, retries) =
+            let (mut decision, mut text, mut dstats, mut retries) =
                 match self.attempt(step_no, &mut messages, step_schema, tools_value.as_ref(), &mut stats)? {
                     Attempt::Decided { decision, text, stats, retries } => (decision, text, stats, retries),
                     Attempt::Stop(s) => break s,
                 };
+            // The first free choice between calling and answering: a call made of values the user never
+            // wrote means no listed tool fits.
+            let free_first = steps.is_empty() && std::ptr::eq(step_schema, &schema) && !specs.is_empty();
+            let grounding = match (free_first && self.config.tool_choice == ToolChoice::Auto, decision.calls().first())
+            {
+                (true, Some(call)) => grounding::grounding(call, &messages),
+                _ => None,
+            };
+            if let (Some(g), Some(threshold)) = (grounding, self.config.abstain_below) {
+                if g < threshold {
+                    self.emit(AgentEvent::CallsDropped {
+                        step: step_no,
+                        calls: decision.calls(),
+                        grounding: g,
+                        threshold,
+                    });
+                    self.driver.rollback();
+                    match self.attempt(step_no, &mut messages, &answer_only, tools_value.as_ref(), &mut stats)? {
+                        Attempt::Decided { decision: d, text: t, stats: mut s, retries: r } => {
+                            // The step's figures cover both generations; its margins are the first's.
+                            s.generated_tokens += dstats.generated_tokens;
+                            s.forced_tokens += dstats.forced_tokens;
+                            s.seconds += dstats.seconds;
+                            s.branch_margins = std::mem::take(&mut dstats.branch_margins);
+                            (decision, text, dstats, retries) = (d, t, s, retries + r)
+                        }
+                        Attempt::Stop(s) => break s,
+                    }
+                }
+            }
             self.emit(AgentEvent::DecisionExtracted {
                 step: step_no,
                 decision: decision.clone(),
                 stats: dstats.clone(),
             });
             messages.push(ChatMessage::assistant(text));
-            let mut step =
-                Step { decision: decision.clone(), calls: Vec::new(), observation: None, retries, stats: dstats };
+            let mut step = Step {
+                decision: decision.clone(),
+                calls: Vec::new(),
+                observation: None,
+                retries,
+                stats: dstats,
+                grounding,
+            };
             if let Decision::FinalAnswer { answer, .. } = &decision {
                 self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
                 steps.push(step);

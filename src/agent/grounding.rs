@@ -1,0 +1,144 @@
+//! Whether a call's argument values come from the conversation: the abstention signal of the first
+//! decision.
+//!
+//! A small model asked something no listed tool can do still calls the nearest tool, and fills its
+//! arguments with values it made up ("Do you know the muffin man?" → `requests_get` on an invented URL).
+//! When the request fits a tool, the values are mostly words the user wrote. [`grounding`] measures that
+//! share; under `auto`, a first decision whose first call scores below [`AgentConfig::abstain_below`]
+//! becomes an answer (see `Agent::run_conversation`). On BFCL's development split this separates
+//! irrelevant from relevant requests better than the model's own call/answer margin (AUC 0.86 against
+//! 0.76 for qwen2.5-coder-0.5b).
+//!
+//! [`AgentConfig::abstain_below`]: super::AgentConfig::abstain_below
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use super::decision::ToolCall;
+use crate::text::chat::{ChatMessage, Role};
+
+/// The share of `call`'s argument values found in the user and tool turns of `conversation`, averaged
+/// over the values: a value scores the fraction of its words (lower-case alphanumeric runs) that occur in
+/// those turns. Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing
+/// is left (a call without arguments is as grounded as its request).
+pub fn grounding(call: &ToolCall, conversation: &[ChatMessage]) -> Option<f32> {
+    let text: String = conversation
+        .iter()
+        .filter(|m| matches!(m.role, Role::User | Role::Tool))
+        .map(|m| m.content.to_lowercase())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let known: HashSet<&str> = words(&text).collect();
+    let mut scores = Vec::new();
+    leaf_scores(&call.args, &text, &known, &mut scores);
+    (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
+}
+
+fn leaf_scores(v: &Value, text: &str, known: &HashSet<&str>, out: &mut Vec<f32>) {
+    let owned;
+    let s = match v {
+        Value::Object(m) => return m.values().for_each(|x| leaf_scores(x, text, known, out)),
+        Value::Array(a) => return a.iter().for_each(|x| leaf_scores(x, text, known, out)),
+        Value::Null | Value::Bool(_) => return,
+        Value::Number(n) => {
+            owned = n.to_string();
+            owned.as_str()
+        }
+        Value::String(s) => {
+            owned = s.to_lowercase();
+            owned.as_str()
+        }
+    };
+    let (mut found, mut all) = (0usize, 0usize);
+    for w in words(s) {
+        all += 1;
+        // Scripts without spaces between words (Chinese, Japanese) make one long "word" of a sentence:
+        // their values count when they occur anywhere in the text.
+        found += usize::from(known.contains(w) || (!w.is_ascii() && text.contains(w)));
+    }
+    if all > 0 {
+        out.push(found as f32 / all as f32);
+    }
+}
+
+/// Runs of letters and runs of digits: `10m` is `10` and `m`, so a value of 10 is found in "10m".
+fn words(s: &str) -> impl Iterator<Item = &str> {
+    #[derive(PartialEq, Clone, Copy)]
+    enum Kind {
+        Gap,
+        Digit,
+        Letter,
+    }
+    let kind = |c: char| match c {
+        c if c.is_numeric() => Kind::Digit,
+        c if c.is_alphanumeric() => Kind::Letter,
+        _ => Kind::Gap,
+    };
+    let mut start = 0;
+    let mut last = Kind::Gap;
+    let mut bounds = Vec::new();
+    for (i, c) in s.char_indices().chain(std::iter::once((s.len(), ' '))) {
+        let k = kind(c);
+        if k != last {
+            if last != Kind::Gap {
+                bounds.push((start, i));
+            }
+            start = i;
+            last = k;
+        }
+    }
+    bounds.into_iter().map(move |(a, b)| &s[a..b])
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn call(args: Value) -> ToolCall {
+        ToolCall { tool: "t".into(), args }
+    }
+
+    #[test]
+    fn values_from_the_request_score_high_and_invented_ones_low() {
+        let conv = [
+            ChatMessage::system("You are in Paris."),
+            ChatMessage::user("Find rock and jazz concerts in San Francisco on 2024-05-01, 3 tickets."),
+        ];
+        let g = |args| grounding(&call(args), &conv);
+        assert_eq!(g(json!({"city": "San Francisco", "genre": "Rock", "date": "2024-05-01", "n": 3})), Some(1.0));
+        assert_eq!(g(json!({"url": "https://muffin.example.com/api"})), Some(0.0));
+        // Half the words of one value, all of the other: the mean of the values.
+        assert_eq!(g(json!({"city": "San Jose", "genre": "jazz"})), Some(0.75));
+        // Only user and tool turns count: the system prompt's city is not the user's.
+        assert_eq!(g(json!({"city": "Paris"})), Some(0.0));
+        // Nested values are values too; booleans, nulls and empty strings are no evidence either way.
+        assert_eq!(g(json!({"q": {"genres": ["rock", "opera"]}, "flag": true, "x": null, "e": ""})), Some(0.5));
+        assert_eq!(g(json!({"flag": false})), None);
+        assert_eq!(g(json!({})), None);
+    }
+
+    #[test]
+    fn tool_results_ground_later_calls_and_numbers_match_as_written() {
+        let conv = [ChatMessage::user("Add 0.5 to the total."), ChatMessage::new(Role::Tool, "total: 41")];
+        assert_eq!(grounding(&call(json!({"a": 41, "b": 0.5})), &conv), Some(1.0));
+        // 0.05 is not 0.5: "05" is not a word of the conversation.
+        assert_eq!(grounding(&call(json!({"b": 0.05})), &conv), Some(0.5));
+    }
+
+    #[test]
+    fn numbers_are_found_next_to_their_units() {
+        let conv = [ChatMessage::user("A cuboid 10m high; charges of 5C and 7C, gate B12.")];
+        assert_eq!(grounding(&call(json!({"h": 10, "q": [5, 7], "gate": "b12"})), &conv), Some(1.0));
+        assert_eq!(words("x10m 2.5kg").collect::<Vec<_>>(), ["x", "10", "m", "2", "5", "kg"]);
+    }
+
+    #[test]
+    fn unspaced_scripts_match_inside_the_text() {
+        let conv = [ChatMessage::user("请帮我查询北京的天气")];
+        assert_eq!(grounding(&call(json!({"city": "北京"})), &conv), Some(1.0));
+        assert_eq!(grounding(&call(json!({"city": "上海"})), &conv), Some(0.0));
+    }
+}
