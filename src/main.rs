@@ -83,8 +83,8 @@ struct EvalArgs {
     /// Root of the built-in file tools (without --dry-run).
     #[arg(long, default_value = ".")]
     root: PathBuf,
-    /// Under `--tool-choice auto`, the first decision must call a tool (as in `reagent run` without
-    /// --allow-direct-answer).
+    /// Under `--tool-choice auto`, the first decision must call a tool, and so must the decision after a
+    /// failed call (as in `reagent run` without --allow-direct-answer).
     #[arg(long)]
     first_call: bool,
 }
@@ -149,8 +149,9 @@ struct RunArgs {
     /// Tool call timeout in seconds.
     #[arg(long, default_value_t = 30.0)]
     tool_timeout: f64,
-    /// Let the first decision answer directly; by default, under `auto`, it must call a tool (small models
-    /// otherwise answer from memory what a tool would get right).
+    /// Let the first decision, and the one after a failed call, answer directly; by default, under `auto`,
+    /// they must call a tool (small models otherwise answer from memory what a tool would get right, and
+    /// answer with an error instead of fixing the call).
     #[arg(long)]
     allow_direct_answer: bool,
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
@@ -676,6 +677,7 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         // a file the default model's call margin is -1.4 (it answers "Alibaba Cloud"), so it does not
         // replace this policy yet.
         first_decision_calls: !a.allow_direct_answer,
+        call_after_error: !a.allow_direct_answer,
         format,
         branch_biases,
         abstain_below,
@@ -764,6 +766,7 @@ fn eval(a: EvalArgs) -> Result<()> {
             branch_biases,
             abstain_below,
             first_decision_calls: a.first_call,
+            call_after_error: a.first_call,
             ..AgentConfig::default()
         },
     };

@@ -166,7 +166,8 @@ fn tool_errors_timeouts_and_panics_become_observations() {
     let obs: Vec<&str> = t.steps[..3].iter().map(|s| s.observation.as_deref().unwrap()).collect();
     assert_eq!(
         obs[0],
-        "Observation: fails {} returned: Error: disk on fire\nIf this answers the task, give the final answer now."
+        "Observation: fails {} returned: Error: disk on fire",
+        "after a failure the error speaks for itself, with no advice to answer"
     );
     assert!(obs[1].contains("did not finish within 1.5 s"), "{}", obs[1]);
     assert!(obs[2].contains("crashed: tool bug"), "{}", obs[2]);
@@ -210,7 +211,7 @@ fn interceptors_block_modify_calls_and_results() {
     let t = a.run("task").unwrap();
     assert_eq!(
         t.steps[0].observation.as_deref(),
-        Some("Observation: sleeps {} returned: The call was blocked: no sleeping on the job\nIf this answers the task, give the final answer now.")
+        Some("Observation: sleeps {} returned: The call was blocked: no sleeping on the job")
     );
     assert_eq!(t.steps[1].calls[0].call.args, json!({"expression": "1+1"}));
     assert_eq!(t.steps[1].observation.as_deref(), Some("Observation: calc {\"expression\":\"1+1\"} returned: 2 (checked)\nIf this answers the task, give the final answer now."));
@@ -470,4 +471,31 @@ fn a_must_call_first_step_is_never_dropped() {
     let t = a.run("Tell me a joke about cats").unwrap();
     assert_eq!(t.steps[0].calls.len(), 1);
     assert!(!kinds(&ev).contains(&"calls_dropped".to_string()));
+}
+
+/// After a failed call the next decision must call (the model otherwise answers with the error), but not
+/// twice in a row: a second failure leaves the choice free.
+#[test]
+fn call_after_error_makes_the_next_decision_a_call_once() {
+    let config = AgentConfig { call_after_error: true, ..AgentConfig::default() };
+    let (mut a, _) = agent(
+        vec![
+            call("fails", json!({})).into(),
+            answer("disk on fire").into(),
+            call("calc", json!({"expression": "1+2"})).into(),
+            answer("3").into(),
+        ],
+        config.clone(),
+    );
+    let t = a.run("1+2?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("3"));
+    assert_eq!(t.steps[1].retries, 1, "an answer right after the failure is a validation failure");
+    assert_eq!(t.steps[1].calls[0].outcome.observation(), "3");
+
+    let (mut a, _) = agent(
+        vec![call("fails", json!({})).into(), call("panics", json!({})).into(), answer("no luck").into()],
+        config,
+    );
+    let t = a.run("task").unwrap();
+    assert_eq!((t.final_answer.as_deref(), t.steps[2].retries), (Some("no luck"), 0));
 }

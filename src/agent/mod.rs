@@ -68,6 +68,9 @@ pub struct AgentConfig {
     /// Under `auto`, make the first decision a tool call (small models otherwise answer from memory what
     /// a tool would get right); later decisions may answer.
     pub first_decision_calls: bool,
+    /// Under `auto`, after a call that failed (a tool error, timeout or panic), make the next decision a
+    /// call: small models otherwise answer with the error instead of fixing the call. Not twice in a row.
+    pub call_after_error: bool,
     /// Under `auto`, a first decision whose first call's [`grounding`](grounding::grounding) (the share of
     /// its argument values found in the user's words) is below this becomes an answer: the model is asked
     /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
@@ -90,6 +93,7 @@ impl Default for AgentConfig {
             tool_timeout: Duration::from_secs(30),
             system_prompt: None,
             first_decision_calls: false,
+            call_after_error: false,
             abstain_below: None,
         }
     }
@@ -248,11 +252,13 @@ impl Agent {
         let schema = StepGrammar::new(&specs, &self.config.tool_choice, &self.config)?;
         // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
         let answer_only = StepGrammar::new(&specs, &ToolChoice::None, &self.config)?;
-        let first_call =
-            (self.config.first_decision_calls && self.config.tool_choice == ToolChoice::Auto && !specs.is_empty())
-                .then(|| StepGrammar::new(&specs, &ToolChoice::Required, &self.config))
-                .transpose()?;
+        let must_call = self.config.first_decision_calls || self.config.call_after_error;
+        let call_only = (must_call && self.config.tool_choice == ToolChoice::Auto && !specs.is_empty())
+            .then(|| StepGrammar::new(&specs, &ToolChoice::Required, &self.config))
+            .transpose()?;
         let mut force_answer = false;
+        // The previous step's call failed (and the step before was not already forced by a failure).
+        let mut after_error = false;
         let observation_role = self.driver.observation_role();
         let mut messages = Vec::new();
         if !system.is_empty() {
@@ -269,11 +275,14 @@ impl Agent {
                 break StopReason::MaxSteps { steps: steps.len() };
             }
             let step_no = steps.len() + 1;
-            let step_schema = match (&first_call, steps.is_empty(), force_answer) {
+            let forced_call = (steps.is_empty() && self.config.first_decision_calls) || after_error;
+            let step_schema = match (&call_only, forced_call, force_answer) {
                 (_, _, true) => &answer_only,
-                (Some(first), true, _) => first,
+                (Some(required), true, _) => required,
                 _ => &schema,
             };
+            let forced_after_error = after_error;
+            after_error = false;
             let (mut decision, mut text, mut dstats, mut retries) =
                 match self.attempt(step_no, &mut messages, step_schema, tools_value.as_ref(), &mut stats)? {
                     Attempt::Decided { decision, text, stats, retries } => (decision, text, stats, retries),
@@ -334,6 +343,11 @@ impl Agent {
                 if matches!(outcome, CallOutcome::Repeated { .. }) {
                     force_answer = self.config.tool_choice == ToolChoice::Auto;
                 }
+                let failed = matches!(
+                    outcome,
+                    CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. }
+                );
+                after_error |= failed && self.config.call_after_error && !forced_after_error;
                 observations.push(match native {
                     // The template wraps each tool turn as the model saw results in training.
                     true => outcome.observation(),
@@ -348,8 +362,10 @@ impl Agent {
                 }
                 step.observation = Some(observations.join("\n"));
             } else {
-                let next = match self.config.tool_choice {
-                    ToolChoice::Auto => "\nIf this answers the task, give the final answer now.",
+                // After a failure the error speaks for itself (small models copy any advice into their answer).
+                let failed = step.calls.iter().any(|c| !c.outcome.is_ok());
+                let next = match (&self.config.tool_choice, failed) {
+                    (ToolChoice::Auto, false) => "\nIf this answers the task, give the final answer now.",
                     _ => "",
                 };
                 let observation = format!("Observation: {}{next}", observations.join("\n"));

@@ -69,6 +69,18 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
         )?,
         move |args| list_dir(&r, args["path"].as_str().unwrap_or(".")),
     )));
+    let r = root.clone();
+    tools.push(Arc::new(FnTool::new(
+        ToolSpec::new(
+            "search_files",
+            "Finds the lines that contain a text (any case) in the files under a directory of the working \
+             directory; returns `file:line: text` for each.",
+            json!({"type": "object", "properties": {"text": {"type": "string"}, "path": {"type": "string", "description": "default: ."}}, "required": ["text"]}),
+        )?,
+        move |args| {
+            search_files(&r, args["path"].as_str().unwrap_or("."), args["text"].as_str().unwrap_or_default())
+        },
+    )));
     if opts.allow_write {
         let r = root;
         tools.push(Arc::new(FnTool::new(
@@ -152,9 +164,33 @@ fn confine(root: &Path, rel: &str, must_exist: bool) -> std::result::Result<Path
 
 fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, ToolError> {
     use std::io::Read;
-    let path = confine(root, rel, true)?;
+    // A small model guesses paths: a missing file's error names the files it may have meant, and a
+    // directory's error lists it, so the next call can be right.
+    let path = match confine(root, rel, true) {
+        Err(e) if !root.join(rel).exists() && !e.0.contains("outside") => {
+            let near = similar_paths(root, rel);
+            return match near.as_slice() {
+                // One file of that name elsewhere, or of a name a letter or an extension away: read, saying so.
+                [only] => {
+                    let text = read_file(root, only, max)?;
+                    let text = text.as_str().unwrap_or_default();
+                    Ok(Value::String(format!(
+                        "[no file {rel}; this is {only}, the only file of a similar name]\n{text}"
+                    )))
+                }
+                [] => Err(ToolError(format!("{rel}: no such file (list_dir shows what there is)"))),
+                _ => Err(ToolError(format!("{rel}: no such file; did you mean {}?", near.join(", ")))),
+            };
+        }
+        r => r?,
+    };
     let err = |e: std::io::Error| ToolError(format!("{rel}: {e}"));
     let meta = std::fs::metadata(&path).map_err(err)?;
+    if meta.is_dir() {
+        let listing = list_dir(root, rel)?;
+        let entries = listing.as_str().unwrap_or_default().replace('\n', ", ");
+        return Err(ToolError(format!("`{rel}` is a directory; its entries: {entries}")));
+    }
     if !meta.is_file() {
         return Err(ToolError(format!("`{rel}` is not a regular file")));
     }
@@ -166,6 +202,114 @@ fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, T
         text.push_str(&format!("\n[... cut: the file has {} bytes, {max} shown]", meta.len()));
     }
     Ok(Value::String(text))
+}
+
+/// Files under `root` that `rel` may have meant: the same file name in another directory, or a name that
+/// differs only in its extension or by a letter or two. A bounded walk (depth 4, 2,000 entries), sorted,
+/// at most 5.
+fn similar_paths(root: &Path, rel: &str) -> Vec<String> {
+    let want = Path::new(rel).file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+    let stem = |n: &str| n.rsplit_once('.').map_or(n, |(s, _)| s).to_string();
+    let close = |name: &str| {
+        let name = name.to_lowercase();
+        name == want || (!stem(&want).is_empty() && stem(&name) == stem(&want)) || edit_distance(&name, &want) <= 2
+    };
+    let (mut found, mut seen) = (Vec::new(), 0usize);
+    let mut stack = vec![(root.to_path_buf(), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > 2000 {
+                break;
+            }
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir && depth < 4 {
+                stack.push((e.path(), depth + 1));
+            } else if !is_dir && close(&e.file_name().to_string_lossy()) {
+                if let Ok(r) = e.path().strip_prefix(root) {
+                    found.push(r.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    found.sort();
+    found.truncate(5);
+    found
+}
+
+/// Lines containing `text` (ignoring case) in the regular files under `rel`: a bounded walk (depth 6,
+/// 5,000 entries, files up to 1 MiB, binary files skipped, symbolic links not followed), at most 50 lines.
+fn search_files(root: &Path, rel: &str, text: &str) -> std::result::Result<Value, ToolError> {
+    const MAX_LINES: usize = 50;
+    if text.trim().is_empty() {
+        return Err(ToolError("give a text to search for".into()));
+    }
+    let dir = confine(root, if rel.is_empty() { "." } else { rel }, true)?;
+    if !dir.is_dir() {
+        return Err(ToolError(format!("`{rel}` is not a directory")));
+    }
+    let needle = text.to_lowercase();
+    let (mut hits, mut seen, mut more) = (Vec::new(), 0usize, false);
+    let mut stack = vec![(dir, 0usize)];
+    while let Some((d, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            seen += 1;
+            let Ok(meta) = e.path().symlink_metadata() else { continue };
+            if seen > 5000 {
+                more = true;
+                break;
+            }
+            if meta.is_dir() && depth < 6 {
+                stack.push((e.path(), depth + 1));
+                continue;
+            }
+            if !meta.is_file() || meta.len() > 1 << 20 {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(e.path()) else { continue };
+            if bytes[..bytes.len().min(1024)].contains(&0) {
+                continue;
+            }
+            let name = e.path().strip_prefix(root).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            for (i, line) in String::from_utf8_lossy(&bytes).lines().enumerate() {
+                if line.to_lowercase().contains(&needle) {
+                    if hits.len() == MAX_LINES {
+                        more = true;
+                        break;
+                    }
+                    let line: String = line.trim().chars().take(200).collect();
+                    hits.push(format!("{name}:{}: {line}", i + 1));
+                }
+            }
+        }
+    }
+    if hits.is_empty() {
+        return Ok(Value::String(format!("no line contains `{text}`")));
+    }
+    if more {
+        hits.push("[... more not shown]".into());
+    }
+    Ok(Value::String(hits.join("\n")))
+}
+
+/// Levenshtein distance over chars (names are short).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 fn list_dir(root: &Path, rel: &str) -> std::result::Result<Value, ToolError> {
@@ -209,6 +353,45 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_file_names_the_files_that_may_have_been_meant() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("docs/old")).unwrap();
+        for f in ["docs/travel.md", "docs/old/travel.md", "inventory.csv", "project.txt", "zebra.txt"] {
+            std::fs::write(root.join(f), "x").unwrap();
+        }
+        let err = |p: &str| read_file(&root, p, 100).unwrap_err().0;
+        assert_eq!(err("travel.md"), "travel.md: no such file; did you mean docs/old/travel.md, docs/travel.md?");
+        // A single candidate is read, saying which file it is.
+        let read = |p: &str| read_file(&root, p, 100).unwrap().as_str().unwrap().to_string();
+        assert_eq!(
+            read("inventory.txt"),
+            "[no file inventory.txt; this is inventory.csv, the only file of a similar name]\nx"
+        );
+        assert!(read("projects.txt").starts_with("[no file projects.txt; this is project.txt,"));
+        assert_eq!(err("nothing/like/this.pdf"), "nothing/like/this.pdf: no such file (list_dir shows what there is)");
+        assert!(err("../travel.md").contains("outside"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn search_finds_lines_in_files_under_a_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("docs/deep")).unwrap();
+        std::fs::write(root.join("docs/a.md"), "one\nInvoice 4471 approved\n").unwrap();
+        std::fs::write(root.join("docs/deep/b.txt"), "see invoice 4471\n").unwrap();
+        std::fs::write(root.join("docs/bin"), b"\0invoice 4471").unwrap();
+        std::fs::write(root.join("top.txt"), "invoice 4471").unwrap();
+        let found = search_files(&root, "docs", "INVOICE 4471").unwrap();
+        assert_eq!(found, json!("docs/a.md:2: Invoice 4471 approved\ndocs/deep/b.txt:1: see invoice 4471"));
+        assert_eq!(search_files(&root, ".", "nowhere").unwrap(), json!("no line contains `nowhere`"));
+        assert!(search_files(&root, "..", "x").unwrap_err().0.contains("outside"));
+        assert!(search_files(&root, "top.txt", "x").unwrap_err().0.contains("not a directory"));
+        assert!(search_files(&root, ".", " ").is_err());
+    }
+
+    #[test]
     fn file_tools_stay_inside_the_root() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
@@ -229,7 +412,7 @@ mod tests {
         write_file(&root, "sub/b.txt", "new").unwrap();
         assert_eq!(std::fs::read_to_string(root.join("sub/b.txt")).unwrap(), "new");
         assert_eq!(std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(), "secret");
-        assert!(read_file(&root, "sub", 100).unwrap_err().0.contains("not a regular file"));
+        assert_eq!(read_file(&root, "sub", 100).unwrap_err().0, "`sub` is a directory; its entries: a.txt, b.txt");
         let cut = read_file(&root, "sub/a.txt", 2).unwrap();
         assert!(cut.as_str().unwrap().starts_with("he\n[... cut"));
     }
