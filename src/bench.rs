@@ -10,7 +10,8 @@ use serde::Serialize;
 use crate::decode::generate::{generate, prefill, rate, GenerateParams};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
-use crate::model::{LanguageModel, Model};
+use crate::model::LanguageModel;
+use crate::text::Model;
 
 const FILLER: &str = "The quick brown fox jumps over the lazy dog while the agent inspects the repository, \
 reads the configuration files, runs the calculator tool on intermediate values and \

@@ -165,8 +165,7 @@ fn tool_errors_timeouts_and_panics_become_observations() {
     assert_eq!(t.final_answer.as_deref(), Some("x"));
     let obs: Vec<&str> = t.steps[..3].iter().map(|s| s.observation.as_deref().unwrap()).collect();
     assert_eq!(
-        obs[0],
-        "Observation: fails {} returned: Error: disk on fire",
+        obs[0], "Observation: fails {} returned: Error: disk on fire",
         "after a failure the error speaks for itself, with no advice to answer"
     );
     assert!(obs[1].contains("did not finish within 1.5 s"), "{}", obs[1]);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{optional_model_path, real_model_path, tiny_model};
-use reagent::model::gguf::GgufFile;
+use reagent::gguf::GgufFile;
 use reagent::model::Arch;
 use reagent::Tokenizer;
 use serde::Deserialize;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::error::{Error, Result};
-use crate::tools::ToolSpec;
+use crate::tools::{ToolCall, ToolSpec};
 
 const TEMPLATE: &str = include_str!("../../grammars/decision.schema.json");
 
@@ -121,13 +121,6 @@ impl Default for DecisionOptions {
             max_answer_tokens: 400,
         }
     }
-}
-
-/// One tool call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolCall {
-    pub tool: String,
-    pub args: Value,
 }
 
 /// A parsed decision.

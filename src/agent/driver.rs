@@ -15,8 +15,9 @@ use crate::decode::constraint::{BranchBias, BranchPoint, Grammar, GrammarEngine}
 use crate::decode::generate::{generate_continuing, GenerateParams, Prompt, StopReason};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
-use crate::model::{LanguageModel, Model};
+use crate::model::LanguageModel;
 use crate::text::chat::{ChatMessage, Role};
+use crate::text::Model;
 
 /// What a driver is asked for.
 #[derive(Debug, Clone, Copy)]

@@ -4,8 +4,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::decision::{Decision, ToolCall};
-use crate::tools::CallOutcome;
+use super::decision::Decision;
+use crate::tools::{CallOutcome, ToolCall};
 
 /// Token counts and time of one decision's generation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -15,8 +15,8 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use super::decision::ToolCall;
 use crate::text::chat::{ChatMessage, Role};
+use crate::tools::ToolCall;
 
 /// The share of `call`'s argument values found in the user and tool turns of `conversation`, averaged
 /// over the values: a value scores the fraction of its words (lower-case alphanumeric runs) that occur in

@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub use decision::{BranchBiases, Decision, DecisionFormat, DecisionOptions, ToolCall, ToolChoice};
+pub use crate::tools::ToolCall;
+pub use decision::{BranchBiases, Decision, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
 pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
 
@@ -121,8 +122,8 @@ impl AgentBuilder {
         self
     }
     /// A constrained driver over `model` with greedy decoding.
-    pub fn model(self, model: crate::Model) -> Result<Self> {
-        Ok(self.driver(ModelDriver::constrained(model, crate::Sampling::Greedy, 0)?))
+    pub fn model(self, model: crate::text::Model) -> Result<Self> {
+        Ok(self.driver(ModelDriver::constrained(model, crate::decode::sampler::Sampling::Greedy, 0)?))
     }
     pub fn tool(mut self, t: impl Tool + 'static) -> Self {
         self.tools.push(Arc::new(t));

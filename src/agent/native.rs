@@ -19,10 +19,10 @@
 
 use serde_json::{json, Value};
 
-use super::decision::{bounded_args, Decision, DecisionOptions, ToolCall, ToolChoice};
+use super::decision::{bounded_args, Decision, DecisionOptions, ToolChoice};
 use crate::error::Result;
 use crate::text::tokenizer::Tokenizer;
-use crate::tools::ToolSpec;
+use crate::tools::{ToolCall, ToolSpec};
 
 /// The opening and closing markers of one call.
 pub const CALL_OPEN: &str = "<tool_call>";

@@ -3,28 +3,16 @@
 //! Differences from the llama family: embeddings scaled by √dim; RMS norms on q and k per head; norms
 //! after attention and after the MLP as well as before; a GELU-gated MLP; five sliding-window layers
 //! (window from `gemma3.attention.sliding_window`, rotary base 10 000) for every global layer (rotary
-//! base `gemma3.rope.freq_base`); output tied to the embeddings. The base model has no chat template in
-//! the file, so its turn format lives here.
+//! base `gemma3.rope.freq_base`); output tied to the embeddings.
 
 use candle_core::Device;
 
-use super::gguf::GgufFile;
 use super::layers::{
     attention, forward_shared, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm,
     Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
-
-/// Gemma's turn format, used when the file carries no `tokenizer.chat_template`.
-pub const FALLBACK_CHAT_TEMPLATE: &str = "{{ bos_token }}\
-{%- if messages and messages[0]['role'] == 'system' -%}\
-{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}\
-{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}\
-{%- for message in loop_messages -%}\
-{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\
-{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}\
-{%- endfor -%}\
-{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+use crate::gguf::GgufFile;
 
 /// Layers whose index + 1 is a multiple of this are global; the others use the sliding window.
 const GLOBAL_EVERY: usize = 6;
@@ -96,27 +84,29 @@ impl Gemma3 {
         let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;
         Ok(Self { hp, embed, blocks, norm, output, rope_local, rope_global, device: dev.clone(), len: 0, max_len })
     }
+}
 
-    pub(crate) fn hparams(&self) -> &Hparams {
+impl super::Network for Gemma3 {
+    fn hparams(&self) -> &Hparams {
         &self.hp
     }
 
-    pub(crate) fn max_len(&self) -> usize {
+    fn max_len(&self) -> usize {
         self.max_len
     }
 
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
     }
 
-    pub(crate) fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
         for b in &mut self.blocks {
             b.cache.truncate(self.len);
         }
     }
 
-    pub(crate) fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
         let pos = self.len;

@@ -7,9 +7,9 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::amx;
-use super::gguf::{GgufFile, MappedTensor};
 use super::kernels::{self, BlockType, Q8Block};
 use crate::error::{Error, Result};
+use crate::gguf::{GgufFile, MappedTensor};
 
 /// A weight matrix (`[rows, cols]`, outermost first). On the CPU, the 32-element block types reagent's
 /// kernels handle are read in place from the memory-mapped file; everything else (K-quants, floats, GPU
@@ -467,7 +467,7 @@ impl Hparams {
         let dim = g.usize(&k("embedding_length"))?;
         let heads = g.usize(&k("attention.head_count"))?;
         if heads == 0 {
-            return Err(crate::Error::Metadata {
+            return Err(Error::Metadata {
                 path: g.path().into(),
                 key: k("attention.head_count"),
                 problem: "is zero".into(),
@@ -475,7 +475,7 @@ impl Hparams {
         }
         let kv_heads = g.usize_or(&k("attention.head_count_kv"), heads)?;
         if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(crate::Error::Metadata {
+            return Err(Error::Metadata {
                 path: g.path().into(),
                 key: k("attention.head_count_kv"),
                 problem: format!("{kv_heads} does not divide the {heads} attention heads"),

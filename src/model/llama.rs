@@ -6,12 +6,12 @@
 
 use candle_core::Device;
 
-use super::gguf::GgufFile;
 use super::layers::{
     attention, forward_shared, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm,
     Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
+use crate::gguf::GgufFile;
 
 /// Which member of the family a file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,20 +81,22 @@ impl Llama {
         let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, dev)?;
         Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len })
     }
+}
 
-    pub(crate) fn hparams(&self) -> &Hparams {
+impl super::Network for Llama {
+    fn hparams(&self) -> &Hparams {
         &self.hp
     }
 
-    pub(crate) fn max_len(&self) -> usize {
+    fn max_len(&self) -> usize {
         self.max_len
     }
 
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.len
     }
 
-    pub(crate) fn truncate(&mut self, len: usize) {
+    fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
         for b in &mut self.blocks {
             b.cache.truncate(self.len);
@@ -102,7 +104,7 @@ impl Llama {
     }
 
     /// Runs `tokens` at the end of the cache; returns the last position's logits.
-    pub(crate) fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
         let pos = self.len;

@@ -2,19 +2,18 @@
 //!
 //! [`LanguageModel`] is the small trait everything above this layer talks to: run new tokens at a
 //! position, get the last position's logits; the KV cache persists between calls and can be truncated
-//! back to any earlier length. [`Model`] is a GGUF file loaded with its tokenizer, chat template and stop
-//! tokens. This module knows nothing about tools, grammars or agents.
+//! back to any earlier length. [`Transformer`] is a GGUF file's network: weights on a device and the KV
+//! cache, one [`Network`] per architecture. This module knows nothing about text, tools, grammars or
+//! agents: the tokenizer, chat template and stop tokens are joined to it in `text` ([`crate::text::Model`]).
 
 pub mod amx;
 pub mod gemma3;
-pub mod gguf;
 pub mod kernels;
 pub(crate) mod layers;
 pub mod llama;
 pub mod tiny;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::Device;
@@ -32,9 +31,7 @@ pub fn prefill_kernel() -> &'static str {
 }
 
 use crate::error::{Error, Result};
-use crate::text::chat::ChatTemplate;
-use crate::text::tokenizer::{TokenKind, Tokenizer};
-use gguf::GgufFile;
+use crate::gguf::GgufFile;
 
 /// A causal language model with a persistent, truncatable KV cache.
 pub trait LanguageModel {
@@ -69,6 +66,11 @@ impl Arch {
         }
     }
 
+    /// The architecture a GGUF file declares (`general.architecture`); an unsupported one is an error.
+    pub fn of(g: &GgufFile) -> Result<Self> {
+        Self::parse(g.path(), g.str("general.architecture")?)
+    }
+
     /// The GGUF architecture name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -79,12 +81,19 @@ impl Arch {
     }
 }
 
-enum Net {
-    Llama(llama::Llama),
-    Gemma3(gemma3::Gemma3),
+/// One architecture's forward pass over its own KV cache.
+pub(crate) trait Network: Send {
+    fn hparams(&self) -> &Hparams;
+    /// Positions the cache can hold.
+    fn max_len(&self) -> usize;
+    /// Positions in the cache.
+    fn len(&self) -> usize;
+    fn truncate(&mut self, len: usize);
+    /// Runs `tokens` after the cached positions; the logits of the last one.
+    fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
 }
 
-/// Options for [`Model::load`].
+/// Options for [`crate::text::Model::load`] (the tokenizer option is read there).
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Where tensors live.
@@ -115,91 +124,31 @@ pub struct ModelInfo {
     pub load_time: Duration,
 }
 
-/// A GGUF model loaded with everything needed to prompt it.
-pub struct Model {
-    net: Net,
-    tokenizer: Arc<Tokenizer>,
-    chat: ChatTemplate,
-    stop_tokens: Vec<u32>,
+/// A GGUF file's network: its weights on a device and the KV cache.
+pub struct Transformer {
+    net: Box<dyn Network>,
     info: ModelInfo,
 }
 
-/// Texts of end-of-turn control tokens used by common chat formats (as llama.cpp's EOG list).
-const END_OF_TURN_TEXTS: &[&str] =
-    &["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|end_of_text|>", "<EOT>"];
-
-impl Model {
-    /// Loads a GGUF file.
-    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Self> {
-        let start = Instant::now();
-        let path = path.as_ref();
-        let mut g = GgufFile::open(path)?;
+impl Transformer {
+    /// Builds the network of an open GGUF file; `info().load_time` counts from `started`.
+    pub fn load(g: &mut GgufFile, opts: &LoadOptions, started: Instant) -> Result<Self> {
         g.f32_reference = opts.f32_reference;
-        let file_bytes = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
-        let arch = Arch::parse(path, g.str("general.architecture")?)?;
-        let tokenizer = match &opts.tokenizer_json {
-            Some(p) => Tokenizer::from_json_file(p)?,
-            None => Tokenizer::from_gguf(&g)?,
-        };
+        let path = g.path().to_path_buf();
+        let file_bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
+        let arch = Arch::of(g)?;
         let file_ctx = g.usize_or(&format!("{}.context_length", arch.as_str()), 2048)?;
         let max_len = opts.max_context.unwrap_or(8192).min(file_ctx).max(1);
         let dev = &opts.device;
-        let net = match arch {
-            Arch::Llama => Net::Llama(llama::Llama::load(&mut g, llama::Variant::Llama, max_len, dev)?),
-            Arch::Qwen2 => Net::Llama(llama::Llama::load(&mut g, llama::Variant::Qwen2, max_len, dev)?),
-            Arch::Gemma3 => Net::Gemma3(gemma3::Gemma3::load(&mut g, max_len, dev)?),
+        let net: Box<dyn Network> = match arch {
+            Arch::Llama => Box::new(llama::Llama::load(g, llama::Variant::Llama, max_len, dev)?),
+            Arch::Qwen2 => Box::new(llama::Llama::load(g, llama::Variant::Qwen2, max_len, dev)?),
+            Arch::Gemma3 => Box::new(gemma3::Gemma3::load(g, max_len, dev)?),
         };
-        let hparams = match &net {
-            Net::Llama(m) => m.hparams().clone(),
-            Net::Gemma3(m) => m.hparams().clone(),
-        };
-        if hparams.vocab < tokenizer.vocab_size() {
-            return Err(Error::Tokenizer(format!(
-                "{}: tokenizer has {} tokens but the embedding has only {} rows",
-                path.display(),
-                tokenizer.vocab_size(),
-                hparams.vocab
-            )));
-        }
-        let template_src = match g.str_opt("tokenizer.chat_template")? {
-            Some(t) => t.to_string(),
-            None => match arch {
-                Arch::Gemma3 => gemma3::FALLBACK_CHAT_TEMPLATE.to_string(),
-                _ => crate::text::chat::CHATML_TEMPLATE.to_string(),
-            },
-        };
-        let mut stop_tokens: Vec<u32> = tokenizer.eos().into_iter().collect();
-        if let Some(Ok(id)) = g.get("tokenizer.ggml.eot_token_id").map(|_| g.u64("tokenizer.ggml.eot_token_id")) {
-            stop_tokens.push(id as u32);
-        }
-        for t in END_OF_TURN_TEXTS {
-            if let Some(id) = tokenizer.token_id(t) {
-                if tokenizer.token_kind(id) == Some(TokenKind::Control) {
-                    stop_tokens.push(id);
-                }
-            }
-        }
-        stop_tokens.sort_unstable();
-        stop_tokens.dedup();
-        let chat = ChatTemplate::new(&template_src, &tokenizer)?;
+        let hparams = net.hparams().clone();
         let name = g.str_opt("general.name")?.map(String::from);
-        let info = ModelInfo { path: path.to_path_buf(), arch, name, file_bytes, hparams, load_time: start.elapsed() };
-        Ok(Self { net, tokenizer: Arc::new(tokenizer), chat, stop_tokens, info })
-    }
-
-    /// The tokenizer (shared).
-    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
-        &self.tokenizer
-    }
-
-    /// The chat template.
-    pub fn chat_template(&self) -> &ChatTemplate {
-        &self.chat
-    }
-
-    /// Tokens that end a turn or the text (EOS, end-of-turn).
-    pub fn stop_tokens(&self) -> &[u32] {
-        &self.stop_tokens
+        let info = ModelInfo { path, arch, name, file_bytes, hparams, load_time: started.elapsed() };
+        Ok(Self { net, info })
     }
 
     /// Facts about the file and the load.
@@ -208,23 +157,17 @@ impl Model {
     }
 }
 
-impl LanguageModel for Model {
+impl LanguageModel for Transformer {
     fn vocab_size(&self) -> usize {
         self.info.hparams.vocab
     }
 
     fn context_length(&self) -> usize {
-        match &self.net {
-            Net::Llama(m) => m.max_len(),
-            Net::Gemma3(m) => m.max_len(),
-        }
+        self.net.max_len()
     }
 
     fn cache_len(&self) -> usize {
-        match &self.net {
-            Net::Llama(m) => m.len(),
-            Net::Gemma3(m) => m.len(),
-        }
+        self.net.len()
     }
 
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
@@ -239,22 +182,16 @@ impl LanguageModel for Model {
         if pos + tokens.len() > capacity {
             return Err(Error::ContextOverflow { needed: pos + tokens.len(), capacity });
         }
-        let vocab = self.tokenizer.vocab_size().max(1) as u32;
-        if let Some(&bad) = tokens.iter().find(|&&t| t >= self.info.hparams.vocab as u32) {
-            return Err(Error::TokenOutOfRange { id: bad, vocab_size: vocab as usize });
+        let vocab = self.info.hparams.vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { id: bad, vocab_size: vocab });
         }
         self.truncate(pos);
         let _span = tracing::trace_span!("forward", n = tokens.len(), pos).entered();
-        match &mut self.net {
-            Net::Llama(m) => m.forward(tokens),
-            Net::Gemma3(m) => m.forward(tokens),
-        }
+        self.net.forward(tokens)
     }
 
     fn truncate(&mut self, len: usize) {
-        match &mut self.net {
-            Net::Llama(m) => m.truncate(len),
-            Net::Gemma3(m) => m.truncate(len),
-        }
+        self.net.truncate(len)
     }
 }

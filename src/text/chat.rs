@@ -5,12 +5,50 @@
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-use super::tokenizer::Tokenizer;
+use super::tokenizer::{TokenKind, Tokenizer};
 use crate::error::{Error, Result};
 
 /// ChatML, used for files of the llama family that carry no template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + \
 message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Gemma's turn format, used for `gemma3` files that carry no `tokenizer.chat_template`.
+pub const GEMMA_TEMPLATE: &str = "{{ bos_token }}\
+{%- if messages and messages[0]['role'] == 'system' -%}\
+{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}\
+{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}\
+{%- for message in loop_messages -%}\
+{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}\
+{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}\
+{%- endfor -%}\
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
+/// The template of a file that carries none, by GGUF architecture name: Gemma's turn format, else ChatML.
+pub fn fallback_template(arch: &str) -> &'static str {
+    match arch {
+        "gemma3" => GEMMA_TEMPLATE,
+        _ => CHATML_TEMPLATE,
+    }
+}
+
+/// Texts of end-of-turn control tokens used by common chat formats (as llama.cpp's EOG list).
+const END_OF_TURN_TEXTS: &[&str] =
+    &["<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|end_of_text|>", "<EOT>"];
+
+/// Tokens that end a turn or the text: EOS, the file's end-of-turn id, and every control token whose text
+/// is a common end-of-turn marker; sorted, without duplicates.
+pub fn stop_tokens(tok: &Tokenizer, eot: Option<u32>) -> Vec<u32> {
+    let mut stops: Vec<u32> = tok.eos().into_iter().chain(eot).collect();
+    stops.extend(
+        END_OF_TURN_TEXTS
+            .iter()
+            .filter_map(|t| tok.token_id(t))
+            .filter(|&id| tok.token_kind(id) == Some(TokenKind::Control)),
+    );
+    stops.sort_unstable();
+    stops.dedup();
+    stops
+}
 
 /// Who speaks a chat message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

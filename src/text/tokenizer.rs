@@ -21,7 +21,7 @@ use tokenizers::SplitDelimiterBehavior;
 
 use super::spm::Spm;
 use crate::error::{Error, Result};
-use crate::model::gguf::GgufFile;
+use crate::gguf::GgufFile;
 
 /// GGUF `tokenizer.ggml.token_type` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

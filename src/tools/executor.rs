@@ -9,8 +9,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{observation_text, Tool, ToolError, ToolSet};
-use crate::agent::decision::ToolCall;
+use super::{observation_text, Tool, ToolCall, ToolError, ToolSet};
 
 /// What an interceptor decides before a call.
 #[derive(Debug, Clone, PartialEq, Eq)]

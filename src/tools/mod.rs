@@ -18,6 +18,13 @@ pub use program::{load_tools_file, ProgramTool};
 
 use crate::error::{Error, Result};
 
+/// One tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub tool: String,
+    pub args: Value,
+}
+
 /// A tool's public description: its name, what it does, and the JSON schema of its arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {

@@ -1,0 +1,93 @@
+//! A GGUF model ready to prompt: the network ([`Transformer`]) joined to its tokenizer, chat template and
+//! stop tokens, all read from the same file.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::chat::{self, ChatTemplate};
+use super::tokenizer::Tokenizer;
+use crate::error::{Error, Result};
+use crate::gguf::GgufFile;
+use crate::model::{Arch, LanguageModel, LoadOptions, ModelInfo, Transformer};
+
+/// A GGUF model loaded with everything needed to prompt it.
+pub struct Model {
+    lm: Transformer,
+    tokenizer: Arc<Tokenizer>,
+    chat: ChatTemplate,
+    stop_tokens: Vec<u32>,
+}
+
+impl Model {
+    /// Loads a GGUF file: an unsupported architecture is reported first, then tokenizer errors, then
+    /// weights.
+    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Self> {
+        let started = Instant::now();
+        let path = path.as_ref();
+        let mut g = GgufFile::open(path)?;
+        let arch = Arch::of(&g)?;
+        let tokenizer = match &opts.tokenizer_json {
+            Some(p) => Tokenizer::from_json_file(p)?,
+            None => Tokenizer::from_gguf(&g)?,
+        };
+        let lm = Transformer::load(&mut g, opts, started)?;
+        let rows = lm.info().hparams.vocab;
+        if rows < tokenizer.vocab_size() {
+            return Err(Error::Tokenizer(format!(
+                "{}: tokenizer has {} tokens but the embedding has only {rows} rows",
+                path.display(),
+                tokenizer.vocab_size(),
+            )));
+        }
+        let template = match g.str_opt("tokenizer.chat_template")? {
+            Some(t) => t.to_string(),
+            None => chat::fallback_template(arch.as_str()).to_string(),
+        };
+        let eot = match g.get("tokenizer.ggml.eot_token_id") {
+            Some(_) => g.u64("tokenizer.ggml.eot_token_id").ok().map(|id| id as u32),
+            None => None,
+        };
+        let stop_tokens = chat::stop_tokens(&tokenizer, eot);
+        let chat = ChatTemplate::new(&template, &tokenizer)?;
+        Ok(Self { lm, tokenizer: Arc::new(tokenizer), chat, stop_tokens })
+    }
+
+    /// The tokenizer (shared).
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The chat template.
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.chat
+    }
+
+    /// Tokens that end a turn or the text (EOS, end-of-turn).
+    pub fn stop_tokens(&self) -> &[u32] {
+        &self.stop_tokens
+    }
+
+    /// Facts about the file and the load.
+    pub fn info(&self) -> &ModelInfo {
+        self.lm.info()
+    }
+}
+
+impl LanguageModel for Model {
+    fn vocab_size(&self) -> usize {
+        self.lm.vocab_size()
+    }
+    fn context_length(&self) -> usize {
+        self.lm.context_length()
+    }
+    fn cache_len(&self) -> usize {
+        self.lm.cache_len()
+    }
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        self.lm.forward(tokens, pos)
+    }
+    fn truncate(&mut self, len: usize) {
+        self.lm.truncate(len)
+    }
+}
