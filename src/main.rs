@@ -326,6 +326,24 @@ struct BenchArgs {
     constrained: bool,
 }
 
+/// `println!` that returns the write's error (a closed pipe: a quiet exit 0; a full disk: an `error:` line).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+/// Ends the process for a failed write to stdout outside a `Result` (an event sink): quietly for a closed
+/// pipe, else with the error.
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: writing to stdout: {e}");
+    std::process::exit(2);
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
@@ -360,7 +378,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Tokenize(a) => {
             let model = load(&a.model)?;
             let ids = model.tokenizer().encode(&a.text, a.special)?;
-            println!("{}", serde_json::to_string(&ids)?);
+            out!("{}", serde_json::to_string(&ids)?);
         }
         Cmd::Generate(a) => generate(a)?,
         Cmd::Run(a) => return run_agent(a),
@@ -372,11 +390,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if a.constrained {
                 let r = reagent::bench::run_constrained(&mut model, &params, threads)?;
                 if a.json {
-                    println!("{}", serde_json::to_string(&r)?);
+                    out!("{}", serde_json::to_string(&r)?);
                 } else {
-                    println!("model             {} ({} threads)", r.model, r.threads);
-                    println!("unconstrained     {:.1} tok/s ({} tokens)", r.free_decode_tok_s_median, r.free_tokens);
-                    println!(
+                    out!("model             {} ({} threads)", r.model, r.threads);
+                    out!("unconstrained     {:.1} tok/s ({} tokens)", r.free_decode_tok_s_median, r.free_tokens);
+                    out!(
                         "constrained       {:.1} tok/s ({} tokens, {} forced = {:.0}%), ratio {:.2}",
                         r.constrained_decode_tok_s_median,
                         r.constrained_tokens,
@@ -384,35 +402,37 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         r.forced_share * 100.0,
                         r.ratio
                     );
-                    println!(
+                    out!(
                         "mask              mean {:.0} µs, p50 {:.0} µs, p99 {:.0} µs",
-                        r.mask_mean_us, r.mask_p50_us, r.mask_p99_us
+                        r.mask_mean_us,
+                        r.mask_p50_us,
+                        r.mask_p99_us
                     );
-                    println!(
+                    out!(
                         "grammar setup     engine {:.2} s once per model; 20-tool decision grammar {:.1} ms",
-                        r.engine_build_s, r.grammar_20_tools_ms
+                        r.engine_build_s,
+                        r.grammar_20_tools_ms
                     );
-                    println!("output            {}", r.sample_output);
+                    out!("output            {}", r.sample_output);
                 }
                 return Ok(ExitCode::SUCCESS);
             }
             let r = reagent::bench::run(&mut model, &params, threads)?;
             if a.json {
-                println!("{}", serde_json::to_string(&r)?);
+                out!("{}", serde_json::to_string(&r)?);
             } else {
-                println!("model        {} ({} threads)", r.model, r.threads);
-                println!("kernels      {} (decode), {} (prefill)", r.kernels, r.prefill_kernel);
-                println!("load         {:.2} s", r.load_s);
-                println!(
-                    "prefill      {:.1} tok/s  ({} tokens, runs {:?})",
-                    r.pp_tok_s_median, r.pp_tokens, r.pp_tok_s
-                );
-                println!(
+                out!("model        {} ({} threads)", r.model, r.threads);
+                out!("kernels      {} (decode), {} (prefill)", r.kernels, r.prefill_kernel);
+                out!("load         {:.2} s", r.load_s);
+                out!("prefill      {:.1} tok/s  ({} tokens, runs {:?})", r.pp_tok_s_median, r.pp_tokens, r.pp_tok_s);
+                out!(
                     "decode       {:.1} tok/s  ({} tokens, runs {:?})",
-                    r.decode_tok_s_median, r.decode_tokens, r.decode_tok_s
+                    r.decode_tok_s_median,
+                    r.decode_tokens,
+                    r.decode_tok_s
                 );
                 if let Some(rss) = r.peak_rss_mb {
-                    println!("peak RSS     {rss:.0} MiB");
+                    out!("peak RSS     {rss:.0} MiB");
                 }
             }
         }
@@ -425,11 +445,11 @@ fn models(cmd: ModelsCmd) -> Result<()> {
     let opts = FetchOptions::default();
     match cmd {
         ModelsCmd::List => {
-            println!("{:<22} {:>9}  {:<7} {:<8} description", "name", "size", "arch", "present");
+            out!("{:<22} {:>9}  {:<7} {:<8} description", "name", "size", "arch", "present");
             for m in &cat.models {
                 let present = catalog::locate(m, &opts).is_some();
                 let default = if m.name == cat.default { " (default)" } else { "" };
-                println!(
+                out!(
                     "{:<22} {:>6} MB  {:<7} {:<8} {}{default}",
                     m.name,
                     m.bytes / 1_000_000,
@@ -438,7 +458,7 @@ fn models(cmd: ModelsCmd) -> Result<()> {
                     m.description
                 );
             }
-            println!("cache: {}", opts.cache_dir.display());
+            out!("cache: {}", opts.cache_dir.display());
         }
         ModelsCmd::Fetch { name } => {
             let entry = cat.get(&name).ok_or_else(|| reagent::Error::UnknownModel {
@@ -446,11 +466,11 @@ fn models(cmd: ModelsCmd) -> Result<()> {
                 known: cat.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
             })?;
             let path = catalog::fetch_model(entry, &opts)?;
-            println!("{}", path.display());
+            out!("{}", path.display());
         }
         ModelsCmd::Path { name, no_fetch } => {
             let path = catalog::resolve(&cat, &name, !no_fetch, &opts)?;
-            println!("{}", path.display());
+            out!("{}", path.display());
         }
     }
     Ok(())
@@ -628,9 +648,8 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
 
     let sampling = Sampling::from_params(a.temperature, None, None)?;
     let tool_choice: reagent::ToolChoice = a.tool_choice.parse()?;
-    if a.tool_timeout <= 0.0 || !a.tool_timeout.is_finite() {
-        bail!("--tool-timeout must be a positive number of seconds");
-    }
+    let tool_timeout =
+        reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
     let mut tools =
         builtin_tools(&BuiltinOptions { root: a.root.clone(), allow_write: a.allow_write, ..Default::default() })?;
     if !a.builtin.is_empty() {
@@ -647,6 +666,11 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
         )),
+        None => None,
+    };
+    // The transcript is appended after the run through a second handle on the same file.
+    let mut trace_end = match &trace {
+        Some(t) => Some(t.get_ref().try_clone().context("opening the trace")?),
         None => None,
     };
     let model = load(&a.model)?;
@@ -671,7 +695,7 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
             ..Default::default()
         },
         max_decision_tokens: a.max_decision_tokens,
-        tool_timeout: std::time::Duration::from_secs_f64(a.tool_timeout),
+        tool_timeout,
         // Small models answer from memory what a tool would get right, so the CLI's first decision calls.
         // The native call bias is calibrated on BFCL, where abstaining is often right; on a question about
         // a file the default model's call margin is -1.4 (it answers "Alibaba Cloud"), so it does not
@@ -684,11 +708,18 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
         ..AgentConfig::default()
     };
     let (json, colour) = (a.json, std::io::stderr().is_terminal());
-    let (tx, rx) = std::sync::mpsc::channel::<AgentEvent>();
     let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
-        let _ = tx.send(e.clone());
+        let line = serde_json::to_string(e).unwrap_or_default();
+        // The trace gets every event as it happens, flushed, so an interrupted run keeps what it did.
+        if let Some(t) = &mut trace {
+            if let Err(err) = writeln!(t, "{line}").and_then(|_| t.flush()) {
+                eprintln!("error: writing the trace: {err}");
+                std::process::exit(2);
+            }
+        }
         if json {
-            println!("{}", serde_json::to_string(e).unwrap_or_default());
+            use std::io::Write as _;
+            writeln!(std::io::stdout().lock(), "{line}").unwrap_or_else(|e| stdout_failed(e));
         } else {
             show_event(e, colour);
         }
@@ -698,16 +729,14 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
     }
     let mut agent = builder.build()?;
     let transcript = agent.run(&a.task)?;
-    if let Some(t) = &mut trace {
-        for e in rx.try_iter() {
-            writeln!(t, "{}", serde_json::to_string(&e)?)?;
-        }
+    drop(agent); // the sink, and with it the trace file, is handed back
+    if let Some(t) = &mut trace_end {
         writeln!(t, "{}", serde_json::to_string(&serde_json::json!({ "transcript": transcript }))?)?;
         t.flush()?;
     }
     if !json {
         if let Some(answer) = &transcript.final_answer {
-            println!("{answer}");
+            out!("{answer}");
         }
     }
     Ok(if transcript.final_answer.is_some() { ExitCode::SUCCESS } else { ExitCode::from(1) })

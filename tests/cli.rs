@@ -170,3 +170,35 @@ fn run_usage_errors_exit_2() {
     let o = reagent(&["run", "--model", m, "--root", "/nonexistent/dir", "x"]);
     assert_clean_failure(&o, &["/nonexistent/dir"]);
 }
+
+/// A reader that goes away is a quiet exit 0 (`reagent … | head -n1`); a full disk is one `error:` line and
+/// exit 2; neither panics.
+#[test]
+fn closed_pipes_exit_quietly_and_full_disks_fail_cleanly() {
+    use std::process::Stdio;
+    let tiny = tiny_path(Arch::Qwen2);
+    let long_model = common::tiny_long_path(Arch::Qwen2);
+    let text = "hello world ".repeat(8000); // ~100k ids: more than a pipe holds
+    let runs: [Vec<&str>; 2] = [
+        vec!["tokenize", "--model", tiny.to_str().unwrap(), "--text", &text],
+        vec!["run", "--model", long_model.to_str().unwrap(), "--json", "--max-steps", "1", "add two numbers"],
+    ];
+    for args in runs {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // the reader is gone before the first line
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}: {}", args[0], stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        let full = std::fs::File::create("/dev/full").unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_reagent")).args(["models", "list"]).stdout(full).output().unwrap();
+        assert_clean_failure(&o, &["No space left on device"]);
+    }
+}

@@ -108,3 +108,67 @@ fn bad_tools_files_name_the_problem() {
     let json_file = tools_file(r#"{"tools": [{"name": "j", "command": ["true"]}]}"#, "json");
     assert_eq!(load_tools_file(&json_file).unwrap()[0].spec().name, "j");
 }
+
+/// A tool's children die with it: a background process that keeps the tool's stdout open does not hold the
+/// call (the call ends when the tool does, `timeout_s` bounds everything), and nothing outlives the call.
+#[cfg(unix)]
+#[test]
+fn program_tools_take_their_children_with_them() {
+    // A sleep of a duration no other process has: its command line marks what this test started.
+    let marker = format!("sleep 300.{}", std::process::id());
+    let path = tools_file(
+        &format!(
+            r#"
+[[tool]]
+name = "forks"
+command = ["sh", "-c", "{marker} & echo hi"]
+timeout_s = 20
+
+[[tool]]
+name = "hangs"
+command = ["sh", "-c", "{marker} & {marker}"]
+timeout_s = 0.3
+
+[[tool]]
+name = "noisy"
+command = ["sh", "-c", "echo first >&2; yes | head -c 20000 >&2; echo last-line >&2; exit 1"]
+"#
+        ),
+        "toml",
+    );
+    let mut set = ToolSet::default();
+    for t in load_tools_file(&path).unwrap() {
+        set.add(t).unwrap();
+    }
+    let mut ex = Executor::new(set, Duration::from_secs(60));
+    let t0 = std::time::Instant::now();
+    let out = ex.execute(ToolCall { tool: "forks".into(), args: json!({}) }).1;
+    assert_eq!(out, CallOutcome::Ok { output: "hi\n".into() });
+    assert!(t0.elapsed() < Duration::from_secs(10), "the call waited for the background child");
+    let e = ex.execute(ToolCall { tool: "hangs".into(), args: json!({}) }).1.observation();
+    assert!(e.contains("killed after 0.3 s"), "{e}");
+    // The error carries the end of stderr, where programs say what went wrong.
+    let e = ex.execute(ToolCall { tool: "noisy".into(), args: json!({}) }).1.observation();
+    assert!(e.contains("last-line") && !e.contains("first"), "{e}");
+    std::thread::sleep(Duration::from_millis(200));
+    let ps = std::process::Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    let left: Vec<String> =
+        String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains(&marker)).map(String::from).collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+#[test]
+fn absurd_timeouts_and_output_caps_are_refused_with_the_tool_named() {
+    for (line, needle) in [
+        ("timeout_s = 1e300", "`timeout_s`"),
+        ("timeout_s = 0", "`timeout_s`"),
+        ("timeout_s = -1", "`timeout_s`"),
+        ("max_output_bytes = 1000000000000", "`max_output_bytes`"),
+    ] {
+        let body = format!("[[tool]]\nname = \"big\"\ncommand = [\"true\"]\n{line}\n");
+        let e = load_tools_file(&tools_file(&body, "toml")).err().unwrap().to_string();
+        assert!(e.contains(needle) && e.contains("big"), "{line}: {e}");
+    }
+    assert!(reagent::tools::timeout_from_secs(1e19).is_err());
+    assert_eq!(reagent::tools::timeout_from_secs(2.5), Ok(Duration::from_millis(2500)));
+}

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 pub use builtin::{builtin_tools, BuiltinOptions};
 pub use executor::{CallOutcome, Executor, Interceptor, InterceptorAction};
-pub use program::{load_tools_file, ProgramTool};
+pub use program::{load_tools_file, timeout_from_secs, ProgramTool, MAX_TIMEOUT_S};
 
 use crate::error::{Error, Result};
 

@@ -70,15 +70,30 @@ impl ProgramTool {
         if d.command.is_empty() || d.command[0].is_empty() {
             return Err(Error::Tool { tool: spec.name, reason: "`command` must name a program".into() });
         }
-        if !(d.timeout_s > 0.0 && d.timeout_s.is_finite()) {
-            return Err(Error::Tool { tool: spec.name, reason: "`timeout_s` must be a positive number".into() });
+        let timeout = timeout_from_secs(d.timeout_s)
+            .map_err(|e| Error::Tool { tool: spec.name.clone(), reason: format!("`timeout_s`: {e}") })?;
+        if d.max_output_bytes > MAX_OUTPUT_LIMIT {
+            return Err(Error::Tool {
+                tool: spec.name,
+                reason: format!("`max_output_bytes` is at most {MAX_OUTPUT_LIMIT} (16 MiB)"),
+            });
         }
-        Ok(Self {
-            spec,
-            command: d.command,
-            timeout: Duration::from_secs_f64(d.timeout_s),
-            max_output: d.max_output_bytes,
-        })
+        Ok(Self { spec, command: d.command, timeout, max_output: d.max_output_bytes })
+    }
+}
+
+/// The largest `max_output_bytes` a tools file may ask for.
+const MAX_OUTPUT_LIMIT: usize = 16 << 20;
+
+/// The longest tool timeout, in seconds (a day).
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+/// A tool timeout from seconds: positive, finite and at most [`MAX_TIMEOUT_S`] (so deadlines never
+/// overflow the clock).
+pub fn timeout_from_secs(s: f64) -> std::result::Result<Duration, String> {
+    match s {
+        s if s > 0.0 && s <= MAX_TIMEOUT_S => Ok(Duration::from_secs_f64(s)),
+        s => Err(format!("must be a number of seconds above 0 and at most {MAX_TIMEOUT_S}, not {s}")),
     }
 }
 
@@ -100,13 +115,13 @@ impl Tool for ProgramTool {
     }
 
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
-        let mut child = Command::new(&self.command[0])
-            .args(&self.command[1..])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| ToolError(format!("cannot run `{}`: {e}", self.command[0])))?;
+        let mut command = Command::new(&self.command[0]);
+        command.args(&self.command[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Its own process group: the tool and whatever it starts are killed together.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command.spawn().map_err(|e| ToolError(format!("cannot run `{}`: {e}", self.command[0])))?;
+        let group = ProcessGroup(child.id());
         let input = args.to_string();
         let mut stdin = child.stdin.take().expect("piped");
         let writer = std::thread::spawn(move || {
@@ -116,23 +131,28 @@ impl Tool for ProgramTool {
         let mut stdout = child.stdout.take().expect("piped");
         let reader = std::thread::spawn(move || capped_read(&mut stdout, cap));
         let mut stderr = child.stderr.take().expect("piped");
-        let err_reader = std::thread::spawn(move || capped_read(&mut stderr, 4096));
+        let err_reader = std::thread::spawn(move || tail_read(&mut stderr, 4096));
         let deadline = Instant::now() + self.timeout;
+        let killed = || ToolError(format!("killed after {} s", self.timeout.as_secs_f64()));
         let status = loop {
             match child.try_wait() {
                 Ok(Some(s)) => break s,
                 Ok(None) if Instant::now() >= deadline => {
+                    group.kill();
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(ToolError(format!("killed after {} s", self.timeout.as_secs_f64())));
+                    return Err(killed());
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
                 Err(e) => return Err(ToolError(e.to_string())),
             }
         };
+        // Processes the tool left behind (`sleep 600 &`) would hold its pipes open: the call ends with the
+        // tool, so they are killed with its group, and the pipes close.
+        group.kill();
         let _ = writer.join();
         let (out, cut) = reader.join().unwrap_or_default();
-        let (err, _) = err_reader.join().unwrap_or_default();
+        let err = err_reader.join().unwrap_or_default();
         if !status.success() {
             let tail = String::from_utf8_lossy(&err);
             return Err(ToolError(format!("exited with {status}: {}", tail.trim())));
@@ -143,6 +163,48 @@ impl Tool for ProgramTool {
         }
         Ok(Value::String(text))
     }
+}
+
+/// A tool's process group (its id is the tool's pid), killed as a whole.
+struct ProcessGroup(u32);
+
+impl ProcessGroup {
+    fn kill(&self) {
+        #[cfg(unix)]
+        if let Ok(pgid) = i32::try_from(self.0) {
+            // SAFETY: kill(2) with a negative pid signals the group; no memory is involved. A group that is
+            // already gone gives ESRCH, which is fine.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    /// A call that ends any other way (a panic in the executor's thread) still takes the group with it.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The last `cap` bytes of a stream, draining it all.
+fn tail_read(r: &mut impl Read, cap: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = r.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if out.len() > 2 * cap {
+            out.drain(..out.len() - cap);
+        }
+    }
+    if out.len() > cap {
+        out.drain(..out.len() - cap);
+    }
+    out
 }
 
 /// Reads up to `cap` bytes, draining (and dropping) the rest so the child never blocks on a full pipe.
