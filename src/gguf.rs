@@ -72,6 +72,25 @@ fn ggml_type_name(id: u32) -> &'static str {
     }
 }
 
+/// The value of `general.alignment` as written in the header (a length-prefixed key, a type id, a small
+/// integer), found by searching the bytes, before candle reads (and divides by) it.
+fn declared_alignment(bytes: &[u8]) -> Option<u64> {
+    static KEY: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(|| {
+        regex::bytes::Regex::new(r"(?-u)\x11\x00\x00\x00\x00\x00\x00\x00general\.alignment").expect("valid regex")
+    });
+    let at = key.find(bytes)?.end();
+    let ty = u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?);
+    let v = bytes.get(at + 4..)?;
+    Some(match ty {
+        0 | 1 => *v.first()? as u64,                                      // u8, i8
+        2 | 3 => u16::from_le_bytes(v.get(..2)?.try_into().ok()?) as u64, // u16, i16
+        4 | 5 => u32::from_le_bytes(v.get(..4)?.try_into().ok()?) as u64, // u32, i32
+        10 | 11 => u64::from_le_bytes(v.get(..8)?.try_into().ok()?),      // u64, i64
+        _ => return None,
+    })
+}
+
 impl GgufFile {
     /// Opens `path`, reads its header and checks that all tensor data lies within the file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -91,6 +110,10 @@ impl GgufFile {
         reader.read_exact(&mut magic).map_err(|e| Error::io(&path, e))?;
         if &magic != b"GGUF" {
             return Err(invalid(format!("bad magic {:?} (expected \"GGUF\")", String::from_utf8_lossy(&magic))));
+        }
+        // candle divides by the file's alignment: zero is refused here first.
+        if let Some(0) = declared_alignment(&map) {
+            return Err(invalid("`general.alignment` is 0".into()));
         }
         reader.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&path, e))?;
         let content = gguf_file::Content::read(&mut reader).map_err(|e| {
@@ -286,6 +309,11 @@ impl GgufFile {
     }
 
     /// Shape (outermost first) and type of a tensor.
+    /// Number of tensors in the file.
+    pub fn tensor_count(&self) -> usize {
+        self.content.tensor_infos.len()
+    }
+
     pub fn tensor_info(&self, name: &str) -> Result<(Vec<usize>, GgmlDType)> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| Error::Tensor {
             path: self.path.clone(),

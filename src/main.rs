@@ -760,6 +760,12 @@ fn eval(a: EvalArgs) -> Result<()> {
     for f in &a.tools {
         tools.extend(load_tools_file(f)?);
     }
+    // Writing the results over the tasks would lose the tasks.
+    if let (Ok(a_out), Ok(a_in)) = (a.out.canonicalize(), a.tasks.canonicalize()) {
+        if a_out == a_in {
+            bail!("--out {} is the task file; the results would overwrite the tasks", a.out.display());
+        }
+    }
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(a.resume)

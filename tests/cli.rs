@@ -202,3 +202,14 @@ fn closed_pipes_exit_quietly_and_full_disks_fail_cleanly() {
         assert_clean_failure(&o, &["No space left on device"]);
     }
 }
+
+#[test]
+fn eval_refuses_to_write_over_its_task_file() {
+    let tasks = scratch().join("own-tasks.jsonl");
+    let line = r#"{"id":"a","question":"q"}"#;
+    std::fs::write(&tasks, format!("{line}\n")).unwrap();
+    let t = tasks.to_str().unwrap();
+    let o = reagent(&["eval", t, "--out", t, "--model", tiny_path(Arch::Qwen2).to_str().unwrap()]);
+    assert_clean_failure(&o, &["own-tasks.jsonl", "overwrite"]);
+    assert_eq!(std::fs::read_to_string(&tasks).unwrap(), format!("{line}\n"), "the tasks are intact");
+}

@@ -291,3 +291,25 @@ fn every_kernel_type_matches_the_f32_reference_in_a_forward_pass() {
         eprintln!("{ty:?}: worst relative RMS {:.2}%", worst * 100.0);
     }
 }
+
+/// Crafted metadata that used to panic or abort (an SPM score list shorter than the vocabulary, a zero
+/// alignment that candle divides by, a block count sized like an attack) is a one-line error naming the
+/// file and the key.
+#[test]
+fn crafted_metadata_is_an_error_not_a_crash() {
+    use candle_core::quantized::gguf_file::Value;
+
+    let cases: [(Arch, &str, Value, &str); 4] = [
+        (Arch::Gemma3, "tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0); 3]), "3 entries"),
+        (Arch::Llama, "general.alignment", Value::U32(0), "general.alignment"),
+        (Arch::Llama, "llama.block_count", Value::U32(u32::MAX), "llama.block_count"),
+        (Arch::Llama, "llama.block_count", Value::U64(1 << 40), "llama.block_count"),
+    ];
+    for (i, (arch, key, value, needle)) in cases.into_iter().enumerate() {
+        let path = scratch().join(format!("crafted-{i}.gguf"));
+        let spec = TinySpec { metadata: vec![(key.to_string(), value)], ..TinySpec::new(arch) };
+        write_tiny_gguf(&path, &spec).unwrap();
+        let err = load_err(&path);
+        assert!(err.contains(&format!("crafted-{i}.gguf")) && err.contains(needle), "{key}: {err}");
+    }
+}

@@ -172,3 +172,11 @@ fn absurd_timeouts_and_output_caps_are_refused_with_the_tool_named() {
     assert!(reagent::tools::timeout_from_secs(1e19).is_err());
     assert_eq!(reagent::tools::timeout_from_secs(2.5), Ok(Duration::from_millis(2500)));
 }
+
+#[test]
+fn a_tool_cannot_take_the_final_answers_name() {
+    let spec = ToolSpec::new("final_answer", "", json!({"type": "object", "properties": {}})).unwrap();
+    let mut set = ToolSet::default();
+    let e = set.add(std::sync::Arc::new(FnTool::new(spec, |_| Ok(json!(1))))).unwrap_err().to_string();
+    assert!(e.contains("final_answer") && e.contains("reserved"), "{e}");
+}

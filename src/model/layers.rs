@@ -490,8 +490,18 @@ impl Hparams {
             } else {
                 1.0
             };
+        // Every block has tensors of its own: more blocks than tensors is a damaged count, refused before
+        // anything is sized by it.
+        let layers = g.usize(&k("block_count"))?;
+        if layers == 0 || layers > g.tensor_count() {
+            return Err(Error::Metadata {
+                path: g.path().into(),
+                key: k("block_count"),
+                problem: format!("{layers} blocks for a file of {} tensors", g.tensor_count()),
+            });
+        }
         Ok(Self {
-            layers: g.usize(&k("block_count"))?,
+            layers,
             dim,
             ffn: g.usize(&k("feed_forward_length"))?,
             heads,

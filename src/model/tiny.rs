@@ -28,6 +28,8 @@ pub struct TinySpec {
     /// Quantization of the large matrices (the embedding is always Q8_0, norms F32).
     pub weight_type: GgmlDType,
     pub seed: u64,
+    /// Metadata entries that replace (by key) or add to the file's own: damaged files for tests.
+    pub metadata: Vec<(String, Value)>,
 }
 
 impl TinySpec {
@@ -43,6 +45,7 @@ impl TinySpec {
             context: 256,
             weight_type: GgmlDType::Q8_0,
             seed: 7,
+            metadata: Vec::new(),
         }
     }
 }
@@ -230,6 +233,12 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
     }
     if let Some(m) = vocab.merges {
         meta.push(("tokenizer.ggml.merges".into(), Value::Array(m.into_iter().map(Value::String).collect())));
+    }
+    for (key, value) in &spec.metadata {
+        match meta.iter_mut().find(|(k, _)| k == key) {
+            Some(entry) => entry.1 = value.clone(),
+            None => meta.push((key.clone(), value.clone())),
+        }
     }
 
     let n_vocab = vocab.tokens.len();

@@ -181,6 +181,13 @@ impl Tokenizer {
                 } else {
                     vec![0.0; texts.len()]
                 };
+                if scores.len() != texts.len() {
+                    return Err(Error::Metadata {
+                        path: gguf.path().into(),
+                        key: "tokenizer.ggml.scores".into(),
+                        problem: format!("has {} entries for {} tokens", scores.len(), texts.len()),
+                    });
+                }
                 let mut byte_tokens = [None; 256];
                 for (i, (t, k)) in texts.iter().zip(&kinds).enumerate() {
                     if *k == TokenKind::Byte {

@@ -190,6 +190,10 @@ impl ToolSet {
         if self.get(name).is_some() {
             return Err(Error::Tool { tool: name.clone(), reason: "registered twice".into() });
         }
+        // A decision's `type` says `final_answer`; a tool of that name would be read as the answer.
+        if name == "final_answer" {
+            return Err(Error::Tool { tool: name.clone(), reason: "the name is reserved for the final answer".into() });
+        }
         self.tools.push(tool);
         Ok(())
     }
