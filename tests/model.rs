@@ -183,6 +183,31 @@ fn chat_templates_render_with_stop_tokens_from_metadata() {
     assert_eq!(ids[0], g.tokenizer().bos().unwrap());
 }
 
+/// A chat template comes inside the model file, so it is untrusted: a loop bomb runs out of fuel and is
+/// an error; a real template with a hundred tools renders well within the same budget.
+#[test]
+fn template_loop_bombs_are_errors() {
+    let m = tiny_model(Arch::Qwen2);
+    let bomb = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+    let t = reagent::ChatTemplate::new(bomb, m.tokenizer()).unwrap();
+    let err = t.render(&[ChatMessage::user("hi")], true, None).unwrap_err().to_string();
+    assert!(err.contains("fuel"), "{err}");
+
+    // The shape of Qwen 2.5's: the tools as JSON lines in the system turn, then the messages.
+    let qwen = "<|im_start|>system\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n\
+                {% for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\
+                {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let t = reagent::ChatTemplate::new(qwen, m.tokenizer()).unwrap();
+    let tools: Vec<serde_json::Value> = (0..100)
+        .map(|i| {
+            serde_json::json!({"type": "function", "function": {"name": format!("tool_{i}"), "description": "d",
+            "parameters": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}}})
+        })
+        .collect();
+    let text = t.render(&[ChatMessage::user("hi")], true, Some(&serde_json::Value::Array(tools))).unwrap();
+    assert!(text.contains("tool_99"));
+}
+
 // ---- bad files ----------------------------------------------------------------------------------------
 
 fn load_err(path: &std::path::Path) -> String {

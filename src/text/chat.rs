@@ -132,6 +132,9 @@ fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// Instructions one render may run: Qwen's template with 100 tools uses well under a hundredth of this.
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+
 impl ChatTemplate {
     /// Compiles `source`; the tokenizer supplies `bos_token` and `eos_token`.
     pub fn new(source: &str, tok: &Tokenizer) -> Result<Self> {
@@ -140,6 +143,9 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // A template is untrusted input (it comes inside the model file): each render gets a bounded number
+        // of instructions, so a loop bomb is an error, not a hang.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| -> String {
