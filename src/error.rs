@@ -87,6 +87,10 @@ pub enum Error {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 
+    /// An input file that cannot be taken: not a regular file, too large, not UTF-8.
+    #[error("{path}: {problem}")]
+    InputFile { path: PathBuf, problem: String },
+
     /// An error from candle's tensor layer.
     #[error("tensor backend: {0}")]
     Candle(#[from] candle_core::Error),

@@ -18,7 +18,7 @@
 //! driver keeps its KV cache, tasks with the same function set reuse the prefilled system prompt.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -122,16 +122,15 @@ pub fn answer_matches(expected: &[String], answer: Option<&str>) -> bool {
 
 /// Reads a task file; errors name the line.
 pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::limits::read_input(path, crate::limits::MAX_INPUT_BYTES)?;
     let mut tasks = Vec::new();
     let mut ids = HashSet::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line = line.map_err(|e| Error::io(path, e))?;
+    for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
         let bad = |m: String| Error::InvalidArgument(format!("{}:{}: {m}", path.display(), i + 1));
-        let mut t: EvalTask = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let mut t: EvalTask = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
         t.line = i + 1;
         if t.question.is_some() == t.messages.is_some() {
             return Err(bad("a task needs exactly one of `question` and `messages`".into()));

@@ -44,6 +44,7 @@ pub mod decode;
 pub mod error;
 pub mod eval;
 pub mod gguf;
+pub mod limits;
 pub mod model;
 pub mod text;
 pub mod tools;

@@ -490,7 +490,7 @@ fn generate(a: GenerateArgs) -> Result<()> {
         bail!("--system needs --chat");
     }
     let sampling = Sampling::from_params(a.temperature, a.top_k, a.top_p)?;
-    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    let read = |p: &PathBuf| reagent::limits::read_input(p, reagent::limits::MAX_INPUT_BYTES);
     let grammar = if let Some(p) = &a.json_schema {
         let schema = serde_json::from_str(&read(p)?).with_context(|| format!("{}: not valid JSON", p.display()))?;
         Some(Grammar::JsonSchema(schema))

@@ -277,3 +277,25 @@ fn the_agent_suite_loads() {
     }
     assert!(tasks.iter().all(|t| t.expected_answer.is_some() && !t.tools.is_empty() && t.unknown.is_empty()));
 }
+
+/// Input files are untrusted: a device, a FIFO or a directory is refused by name before it is read (no
+/// unbounded growth, no hang), and a byte-order mark at the start of a task file is not an error.
+#[cfg(unix)]
+#[test]
+fn task_and_tools_files_must_be_regular_files() {
+    let fifo = common::scratch().join("tasks.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    for p in [std::path::Path::new("/dev/zero"), fifo.as_path(), common::scratch()] {
+        let e = load_tasks(p).unwrap_err().to_string();
+        assert!(e.contains(&p.display().to_string()) && e.contains("give a file"), "{e}");
+        let e = reagent::tools::load_tools_file(p).err().unwrap().to_string();
+        assert!(e.contains("give a file"), "{e}");
+    }
+    let bom = common::scratch().join("bom.jsonl");
+    std::fs::write(&bom, "\u{feff}{\"id\":\"a\",\"question\":\"q\"}\n").unwrap();
+    assert_eq!(load_tasks(&bom).unwrap()[0].id, "a");
+    let latin1 = common::scratch().join("latin1.jsonl");
+    std::fs::write(&latin1, b"{\"id\":\"a\",\"question\":\"caf\xe9\"}\n").unwrap();
+    assert!(load_tasks(&latin1).unwrap_err().to_string().contains("not UTF-8"));
+}

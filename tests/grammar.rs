@@ -382,3 +382,25 @@ fn closing_bias_decides_optional_arguments_only_between_values() {
         assert!(c.stats().branch_margins.iter().all(|m| m.label == "close"));
     }
 }
+
+/// Deeply nested grammars and schemas (a chain of 3,000 Lark rules, a `$ref` chain of 1,000) compile or
+/// fail with an error; they never overflow the stack and abort the process.
+#[test]
+fn deep_grammars_and_schemas_do_not_overflow_the_stack() {
+    let (engine, _) = engine();
+    let mut lark = String::from("start: r0\n");
+    for i in 0..3000 {
+        lark.push_str(&format!("r{i}: \"a\" r{}\n", i + 1));
+    }
+    lark.push_str("r3000: \"b\"\n");
+    let _ = engine.constraint(&Grammar::Lark(lark)); // compiled or refused: either is fine, a crash is not
+    let mut defs = serde_json::Map::new();
+    for i in 0..1000 {
+        defs.insert(format!("d{i}"), json!({"$ref": format!("#/$defs/d{}", i + 1)}));
+    }
+    defs.insert("d1000".into(), json!({"type": "integer"}));
+    let schema = json!({"$defs": defs, "$ref": "#/$defs/d0"});
+    let _ = engine.constraint(&Grammar::JsonSchema(schema.clone()));
+    let tool = json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": schema["$defs"].clone()});
+    let _ = reagent::ToolSpec::new("deep", "", tool);
+}

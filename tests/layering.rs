@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 /// Layers from the bottom. lib.rs (re-exports) and main.rs (the CLI, through `reagent::`) sit above all.
 const LAYERS: &[&[&str]] = &[
     &["error"],
+    &["limits"],
     &["gguf"],
     &["model"],
     &["text"],

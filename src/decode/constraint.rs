@@ -126,19 +126,23 @@ impl GrammarEngine {
     /// token is generated, with llguidance's message naming the offending part.
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
         let what = grammar.kind();
-        let parser = self
-            .factory
-            .create_parser(grammar.to_llguidance())
-            .map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
-        let mut matcher = Matcher::new(Ok(parser));
-        if let Some(e) = matcher.get_error() {
-            return Err(Error::Grammar(format!("invalid {what}: {e}")));
-        }
-        // The first mask surfaces lexer/parser complexity errors now rather than mid-generation.
-        let t = Instant::now();
-        let first = matcher.compute_mask().map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
+        // Deeply nested grammars recurse in the compiler: a big stack, not an abort.
+        let (matcher, first, first_time) = crate::limits::on_big_stack(|| {
+            let parser = self
+                .factory
+                .create_parser(grammar.to_llguidance())
+                .map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
+            let mut matcher = Matcher::new(Ok(parser));
+            if let Some(e) = matcher.get_error() {
+                return Err(Error::Grammar(format!("invalid {what}: {e}")));
+            }
+            // The first mask surfaces lexer/parser complexity errors now rather than mid-generation.
+            let t = Instant::now();
+            let first = matcher.compute_mask().map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
+            Ok((matcher, first, t.elapsed()))
+        })?;
         let mut stats = ConstraintStats::default();
-        stats.mask_times.push(t.elapsed());
+        stats.mask_times.push(first_time);
         Ok(Constraint {
             matcher,
             pending_mask: Some(first),

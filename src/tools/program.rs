@@ -99,7 +99,7 @@ pub fn timeout_from_secs(s: f64) -> std::result::Result<Duration, String> {
 
 /// Reads a tools file (`.toml`, or `.json` with the same fields: `{"tools": [...]}`).
 pub fn load_tools_file(path: &Path) -> Result<Vec<Arc<dyn Tool>>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::limits::read_input(path, 4 << 20)?;
     let bad = |e: String| Error::Tool { tool: path.display().to_string(), reason: e };
     let file: ToolsFile = if path.extension().is_some_and(|e| e == "json") {
         serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?

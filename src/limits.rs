@@ -1,0 +1,55 @@
+//! Bounds on untrusted input: files the user names are read only when regular and small enough, and
+//! grammars and schemas (deeply nested ones recurse in their compilers) are compiled on a thread with a
+//! large stack.
+
+use crate::error::{Error, Result};
+
+/// The largest text input file reagent reads (tools files, task files, schemas, grammars): 64 MiB.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
+/// Reads a text file the user named, as untrusted input: only a regular file (a FIFO, a device or a
+/// directory is refused before it is opened, so nothing blocks or grows without bound), at most `max`
+/// bytes, UTF-8; a leading byte-order mark is dropped.
+pub fn read_input(path: &std::path::Path, max: u64) -> Result<String> {
+    let bad = |problem: String| Error::InputFile { path: path.to_path_buf(), problem };
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() { "a directory" } else { "not a regular file" };
+        return Err(bad(format!("{kind}; give a file")));
+    }
+    if meta.len() > max {
+        return Err(bad(format!("{} bytes; inputs are at most {max} bytes", meta.len())));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    use std::io::Read;
+    std::fs::File::open(path).and_then(|f| f.take(max + 1).read_to_end(&mut bytes)).map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > max {
+        return Err(bad(format!("grew past {max} bytes while being read")));
+    }
+    let mut text =
+        String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to())))?;
+    if text.starts_with('\u{feff}') {
+        text.drain(..3);
+    }
+    Ok(text)
+}
+
+/// Stack size of the threads that compile grammars and schemas: a chain of thousands of rules or `$ref`s
+/// recurses that deep. Reserved, not committed: untouched pages cost nothing.
+const COMPILE_STACK_BYTES: usize = 512 << 20;
+
+/// Runs `f` (a grammar or schema compilation) on a thread with a large stack, so that a deeply nested
+/// input is compiled or refused, never a stack overflow that aborts the process.
+pub fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        let h = std::thread::Builder::new()
+            .name("reagent-compile".into())
+            .stack_size(COMPILE_STACK_BYTES)
+            .spawn_scoped(s, f)
+            .expect("spawning the compile thread");
+        match h.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
