@@ -41,15 +41,16 @@ const COMPILE_STACK_BYTES: usize = 512 << 20;
 /// Runs `f` (a grammar or schema compilation) on a thread with a large stack, so that a deeply nested
 /// input is compiled or refused, never a stack overflow that aborts the process.
 pub fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
+    let f = std::sync::Mutex::new(Some(f));
+    let take = || f.lock().unwrap_or_else(|e| e.into_inner()).take().expect("run once");
+    let spawned = std::thread::scope(|s| {
         let h = std::thread::Builder::new()
             .name("reagent-compile".into())
             .stack_size(COMPILE_STACK_BYTES)
-            .spawn_scoped(s, f)
-            .expect("spawning the compile thread");
-        match h.join() {
-            Ok(v) => v,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
+            .spawn_scoped(s, || take()())
+            .ok()?;
+        Some(h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    });
+    // No thread could be made (a system that will not reserve the stack): compile here.
+    spawned.unwrap_or_else(|| take()())
 }
