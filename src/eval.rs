@@ -26,7 +26,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent::{Agent, AgentConfig, Driver, StopReason, ToolChoice};
+use crate::agent::{Agent, AgentConfig, DecisionFormat, Driver, StopReason, ToolChoice};
 use crate::error::{Error, Result};
 use crate::text::chat::ChatMessage;
 use crate::tools::{FnTool, Tool, ToolError, ToolSpec};
@@ -379,9 +379,14 @@ pub fn run_eval(
         // without NAME) gets a result line saying so, and the eval goes on; checked before the driver,
         // which holds the loaded model, is handed over.
         let specs = specs.and_then(|specs| {
-            crate::agent::decision::decision_schema(&specs, &config.tool_choice, &config.decision)
-                .map(|_| specs)
-                .map_err(|e| e.to_string())
+            // What building the agent compiles: the decision schema and its validator, or the native grammar.
+            let (choice, opts) = (&config.tool_choice, &config.decision);
+            let checked =
+                crate::agent::decision::decision_schema(&specs, choice, opts).and_then(|schema| match config.format {
+                    DecisionFormat::React => crate::agent::decision::DecisionValidator::new(&schema).map(|_| ()),
+                    DecisionFormat::Native => crate::agent::native::native_grammar(&specs, choice, opts).map(|_| ()),
+                });
+            checked.map(|_| specs).map_err(|e| e.to_string())
         });
         let specs = match specs {
             Ok(specs) => specs,

@@ -203,11 +203,13 @@ pub fn decision_schema(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionO
     }
     let thought = json!({"type": "string", "maxLength": opts.max_thought_chars});
     let answer = json!({"type": "string", "maxLength": opts.max_string_chars});
+    // The tools' own definitions, moved to the root where their `$ref`s can reach them.
+    let defs = std::cell::RefCell::new(Map::new());
     let fill = |shape: &str, tool: Option<&ToolSpec>, extra: &[(&str, Value)]| -> Value {
         let mut vars: Vec<(&str, Value)> = vec![("$thought", thought.clone()), ("$answer", answer.clone())];
         if let Some(t) = tool {
             vars.push(("$tool", Value::String(t.name.clone())));
-            vars.push(("$args", bounded_args(&t.parameters, opts)));
+            vars.push(("$args", hoisted_args(t, opts, &mut defs.borrow_mut())));
         }
         vars.extend(extra.iter().cloned());
         substitute(&template[shape], &vars)
@@ -223,6 +225,10 @@ pub fn decision_schema(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionO
     }
     let mut schema = Map::new();
     schema.insert("x-guidance".into(), template["x-guidance"].clone());
+    let defs = defs.into_inner();
+    if !defs.is_empty() {
+        schema.insert("$defs".into(), Value::Object(defs));
+    }
     if alternatives.len() == 1 {
         let only = alternatives.pop().expect("one alternative");
         schema.extend(only.as_object().expect("template shapes are objects").clone());
@@ -239,6 +245,51 @@ fn substitute(v: &Value, vars: &[(&str, Value)]) -> Value {
         Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, vars)).collect()),
         Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), substitute(x, vars))).collect()),
         _ => v.clone(),
+    }
+}
+
+/// [`bounded_args`] for a schema that sits inside a bigger document: the tool's `$defs` and
+/// `definitions` move into `defs` as `<tool>.<name>`, and its `$ref`s (to those, or `#` to the whole
+/// argument schema) are rewritten to point there.
+pub(crate) fn hoisted_args(tool: &ToolSpec, opts: &DecisionOptions, defs: &mut Map<String, Value>) -> Value {
+    let mut args = bounded_args(&tool.parameters, opts);
+    let mut local = Map::new();
+    if let Some(o) = args.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(d)) = o.remove(key) {
+                local.extend(d);
+            }
+        }
+    }
+    let name = &tool.name;
+    let mut recursive = false;
+    rewrite_refs(&mut args, name, &mut recursive);
+    for (k, mut v) in local {
+        rewrite_refs(&mut v, name, &mut recursive);
+        defs.insert(format!("{name}.{k}"), v);
+    }
+    if recursive {
+        defs.insert(format!("{name}.__root"), args.clone());
+    }
+    args
+}
+
+fn rewrite_refs(v: &mut Value, tool: &str, recursive: &mut bool) {
+    match v {
+        Value::Object(o) => {
+            if let Some(Value::String(r)) = o.get_mut("$ref") {
+                let rest = r.strip_prefix("#/$defs/").or_else(|| r.strip_prefix("#/definitions/"));
+                if let Some(rest) = rest {
+                    *r = format!("#/$defs/{tool}.{rest}");
+                } else if r == "#" {
+                    *recursive = true;
+                    *r = format!("#/$defs/{tool}.__root");
+                }
+            }
+            o.values_mut().for_each(|x| rewrite_refs(x, tool, recursive));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| rewrite_refs(x, tool, recursive)),
+        _ => {}
     }
 }
 

@@ -19,7 +19,7 @@
 
 use serde_json::{json, Value};
 
-use super::decision::{bounded_args, Decision, DecisionOptions, ToolChoice};
+use super::decision::{hoisted_args, Decision, DecisionOptions, ToolChoice};
 use crate::error::Result;
 use crate::text::tokenizer::Tokenizer;
 use crate::tools::{ToolCall, ToolSpec};
@@ -114,21 +114,25 @@ pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOp
         start.push("calls");
         // The separators are those of Python's json.dumps, which the template uses when it renders the
         // calls of earlier turns: the generated text and its re-rendering then tokenize alike.
+        let mut defs = serde_json::Map::new();
         let alternatives: Vec<Value> = callable
             .iter()
             .map(|t| {
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": bounded_args(&t.parameters, opts)},
+                    "properties": {"name": {"const": t.name}, "arguments": hoisted_args(t, opts, &mut defs)},
                     "required": ["name", "arguments"],
                     "additionalProperties": false
                 })
             })
             .collect();
-        let schema = json!({
+        let mut schema = json!({
             "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
             "anyOf": alternatives
         });
+        if !defs.is_empty() {
+            schema["$defs"] = Value::Object(defs);
+        }
         let max_calls = opts.parallel_calls.unwrap_or(1).max(1);
         // calls: call, then up to max_calls - 1 more, each after a newline (a chain of optional rules:
         // Lark ranges do not apply to rules here).
