@@ -104,6 +104,9 @@ struct RunArgs {
     /// Offer the write_file tool.
     #[arg(long)]
     allow_write: bool,
+    /// Let read_file read files that have other hard links (which may lie outside --root).
+    #[arg(long)]
+    read_hard_links: bool,
     /// Offer only these built-in tools (repeatable; default: calculator, current_time, read_file, list_dir,
     /// and write_file with --allow-write). `--builtin none` offers none.
     #[arg(long, value_name = "NAME")]
@@ -650,8 +653,12 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let tool_choice: reagent::ToolChoice = a.tool_choice.parse()?;
     let tool_timeout =
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
-    let mut tools =
-        builtin_tools(&BuiltinOptions { root: a.root.clone(), allow_write: a.allow_write, ..Default::default() })?;
+    let mut tools = builtin_tools(&BuiltinOptions {
+        root: a.root.clone(),
+        allow_write: a.allow_write,
+        read_hard_links: a.read_hard_links,
+        ..Default::default()
+    })?;
     if !a.builtin.is_empty() {
         let known: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
         if let Some(bad) = a.builtin.iter().find(|b| *b != "none" && !known.contains(b)) {

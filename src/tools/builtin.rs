@@ -18,11 +18,14 @@ pub struct BuiltinOptions {
     pub allow_write: bool,
     /// Largest file `read_file` returns (longer files are cut, saying so).
     pub max_read_bytes: usize,
+    /// Let `read_file` read files with more than one hard link (another name of the same file may lie
+    /// outside the root). `write_file` never writes through one.
+    pub read_hard_links: bool,
 }
 
 impl Default for BuiltinOptions {
     fn default() -> Self {
-        Self { root: PathBuf::from("."), allow_write: false, max_read_bytes: 64 * 1024 }
+        Self { root: PathBuf::from("."), allow_write: false, max_read_bytes: 64 * 1024, read_hard_links: false }
     }
 }
 
@@ -51,14 +54,14 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
             |_| Ok(Value::String(humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string())),
         )),
     ];
-    let (r, max) = (root.clone(), opts.max_read_bytes);
+    let (r, max, links_ok) = (root.clone(), opts.max_read_bytes, opts.read_hard_links);
     tools.push(Arc::new(FnTool::new(
         ToolSpec::new(
             "read_file",
             "Reads a text file under the working directory.",
             json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
         )?,
-        move |args| read_file(&r, args["path"].as_str().unwrap_or_default(), max),
+        move |args| read_file(&r, args["path"].as_str().unwrap_or_default(), max, links_ok),
     )));
     let r = root.clone();
     tools.push(Arc::new(FnTool::new(
@@ -162,7 +165,7 @@ fn confine(root: &Path, rel: &str, must_exist: bool) -> std::result::Result<Path
     Ok(resolved)
 }
 
-fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, ToolError> {
+fn read_file(root: &Path, rel: &str, max: usize, links_ok: bool) -> std::result::Result<Value, ToolError> {
     use std::io::Read;
     // A small model guesses paths: a missing file's error names the files it may have meant, and a
     // directory's error lists it, so the next call can be right.
@@ -172,7 +175,7 @@ fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, T
             return match near.as_slice() {
                 // One file of that name elsewhere, or of a name a letter or an extension away: read, saying so.
                 [only] => {
-                    let text = read_file(root, only, max)?;
+                    let text = read_file(root, only, max, links_ok)?;
                     let text = text.as_str().unwrap_or_default();
                     Ok(Value::String(format!(
                         "[no file {rel}; this is {only}, the only file of a similar name]\n{text}"
@@ -191,8 +194,13 @@ fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, T
         let entries = listing.as_str().unwrap_or_default().replace('\n', ", ");
         return Err(ToolError(format!("`{rel}` is a directory; its entries: {entries}")));
     }
+    // Checked before opening: a FIFO or a device would block or never end.
     if !meta.is_file() {
         return Err(ToolError(format!("`{rel}` is not a regular file")));
+    }
+    // A hard link is the same file as one that may lie outside the root.
+    if !links_ok && links(&meta) > 1 {
+        return Err(ToolError(format!("`{rel}` has other hard links (maybe outside the working directory)")));
     }
     // Never more than `max` bytes in memory, whatever the file's size.
     let mut bytes = Vec::new();
@@ -202,6 +210,17 @@ fn read_file(root: &Path, rel: &str, max: usize) -> std::result::Result<Value, T
         text.push_str(&format!("\n[... cut: the file has {} bytes, {max} shown]", meta.len()));
     }
     Ok(Value::String(text))
+}
+
+/// How many names the file has (1 where the platform does not say).
+fn links(meta: &std::fs::Metadata) -> u64 {
+    #[cfg(unix)]
+    return std::os::unix::fs::MetadataExt::nlink(meta);
+    #[cfg(not(unix))]
+    {
+        let _ = meta;
+        1
+    }
 }
 
 /// Files under `root` that `rel` may have meant: the same file name in another directory, or a name that
@@ -334,6 +353,14 @@ fn write_file(root: &Path, rel: &str, content: &str) -> std::result::Result<Valu
     if path.is_symlink() {
         return Err(ToolError(format!("`{rel}` is a symbolic link; not writing through it")));
     }
+    if let Ok(meta) = std::fs::symlink_metadata(&path) {
+        if !meta.is_file() {
+            return Err(ToolError(format!("`{rel}` is not a regular file; not writing to it")));
+        }
+        if links(&meta) > 1 {
+            return Err(ToolError(format!("`{rel}` has other hard links (maybe outside the working directory)")));
+        }
+    }
     std::fs::write(&path, content).map_err(|e| ToolError(format!("{rel}: {e}")))?;
     Ok(Value::String(format!("wrote {} bytes to {rel}", content.len())))
 }
@@ -360,10 +387,10 @@ mod tests {
         for f in ["docs/travel.md", "docs/old/travel.md", "inventory.csv", "project.txt", "zebra.txt"] {
             std::fs::write(root.join(f), "x").unwrap();
         }
-        let err = |p: &str| read_file(&root, p, 100).unwrap_err().0;
+        let err = |p: &str| read_file(&root, p, 100, false).unwrap_err().0;
         assert_eq!(err("travel.md"), "travel.md: no such file; did you mean docs/old/travel.md, docs/travel.md?");
         // A single candidate is read, saying which file it is.
-        let read = |p: &str| read_file(&root, p, 100).unwrap().as_str().unwrap().to_string();
+        let read = |p: &str| read_file(&root, p, 100, false).unwrap().as_str().unwrap().to_string();
         assert_eq!(
             read("inventory.txt"),
             "[no file inventory.txt; this is inventory.csv, the only file of a similar name]\nx"
@@ -391,6 +418,26 @@ mod tests {
         assert!(search_files(&root, ".", " ").is_err());
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn hard_links_fifos_and_devices_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(dir.path().join("outside.txt"), "secret").unwrap();
+        std::fs::hard_link(dir.path().join("outside.txt"), root.join("link.txt")).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(root.join("pipe")).status().unwrap().success());
+        std::os::unix::fs::symlink("/dev/null", root.join("null")).unwrap();
+        let root = root.canonicalize().unwrap();
+        assert!(read_file(&root, "link.txt", 100, false).unwrap_err().0.contains("hard links"));
+        assert_eq!(read_file(&root, "link.txt", 100, true).unwrap(), json!("secret"), "allowed by the option");
+        assert!(write_file(&root, "link.txt", "x").unwrap_err().0.contains("hard links"));
+        assert_eq!(std::fs::read_to_string(dir.path().join("outside.txt")).unwrap(), "secret");
+        assert!(read_file(&root, "pipe", 100, false).unwrap_err().0.contains("not a regular file"));
+        assert!(write_file(&root, "pipe", "x").unwrap_err().0.contains("not a regular file"));
+        assert!(read_file(&root, "null", 100, false).is_err(), "a link to a device outside the root");
+    }
+
     #[test]
     fn file_tools_stay_inside_the_root() {
         let dir = tempfile::tempdir().unwrap();
@@ -401,10 +448,10 @@ mod tests {
         #[cfg(unix)]
         std::os::unix::fs::symlink(dir.path().join("secret.txt"), root.join("link.txt")).unwrap();
         let root = root.canonicalize().unwrap();
-        assert_eq!(read_file(&root, "sub/a.txt", 100).unwrap(), json!("hello"));
+        assert_eq!(read_file(&root, "sub/a.txt", 100, false).unwrap(), json!("hello"));
         assert_eq!(list_dir(&root, ".").unwrap().as_str().unwrap().lines().next(), Some("link.txt"));
         for bad in ["../secret.txt", "/etc/passwd", "sub/../../secret.txt", "link.txt"] {
-            let err = read_file(&root, bad, 100).unwrap_err().0;
+            let err = read_file(&root, bad, 100, false).unwrap_err().0;
             assert!(err.contains("outside"), "{bad}: {err}");
         }
         assert!(write_file(&root, "../x.txt", "no").is_err());
@@ -412,8 +459,11 @@ mod tests {
         write_file(&root, "sub/b.txt", "new").unwrap();
         assert_eq!(std::fs::read_to_string(root.join("sub/b.txt")).unwrap(), "new");
         assert_eq!(std::fs::read_to_string(dir.path().join("secret.txt")).unwrap(), "secret");
-        assert_eq!(read_file(&root, "sub", 100).unwrap_err().0, "`sub` is a directory; its entries: a.txt, b.txt");
-        let cut = read_file(&root, "sub/a.txt", 2).unwrap();
+        assert_eq!(
+            read_file(&root, "sub", 100, false).unwrap_err().0,
+            "`sub` is a directory; its entries: a.txt, b.txt"
+        );
+        let cut = read_file(&root, "sub/a.txt", 2, false).unwrap();
         assert!(cut.as_str().unwrap().starts_with("he\n[... cut"));
     }
 }
