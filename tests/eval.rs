@@ -284,8 +284,9 @@ fn the_agent_suite_loads() {
 #[test]
 fn task_and_tools_files_must_be_regular_files() {
     let fifo = common::scratch().join("tasks.fifo");
-    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
-    assert!(made.success());
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo(3) only creates the file.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
     for p in [std::path::Path::new("/dev/zero"), fifo.as_path(), common::scratch()] {
         let e = load_tasks(p).unwrap_err().to_string();
         assert!(e.contains(&p.display().to_string()) && e.contains("give a file"), "{e}");

@@ -151,10 +151,18 @@ command = ["sh", "-c", "echo first >&2; yes | head -c 20000 >&2; echo last-line 
     let e = ex.execute(ToolCall { tool: "noisy".into(), args: json!({}) }).1.observation();
     assert!(e.contains("last-line") && !e.contains("first"), "{e}");
     std::thread::sleep(Duration::from_millis(200));
-    let ps = std::process::Command::new("ps").args(["-eo", "args"]).output().unwrap();
-    let left: Vec<String> =
-        String::from_utf8_lossy(&ps.stdout).lines().filter(|l| l.contains(&marker)).map(String::from).collect();
-    assert!(left.is_empty(), "processes left behind: {left:?}");
+    #[cfg(target_os = "linux")]
+    {
+        // Command lines of all processes, from /proc (no `ps` needed).
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(&marker))
+            .collect();
+        assert!(left.is_empty(), "processes left behind: {left:?}");
+    }
 }
 
 #[test]

@@ -426,7 +426,9 @@ mod tests {
         std::fs::create_dir(&root).unwrap();
         std::fs::write(dir.path().join("outside.txt"), "secret").unwrap();
         std::fs::hard_link(dir.path().join("outside.txt"), root.join("link.txt")).unwrap();
-        assert!(std::process::Command::new("mkfifo").arg(root.join("pipe")).status().unwrap().success());
+        let fifo = std::ffi::CString::new(root.join("pipe").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo(3) only creates the file.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         std::os::unix::fs::symlink("/dev/null", root.join("null")).unwrap();
         let root = root.canonicalize().unwrap();
         assert!(read_file(&root, "link.txt", 100, false).unwrap_err().0.contains("hard links"));
