@@ -351,6 +351,9 @@ pub fn run_eval(
     let total = opts.limit.map_or(tasks.len(), |l| l.min(tasks.len()));
     let mut results = Vec::with_capacity(total);
     for task in &tasks[..total] {
+        if crate::limits::interrupted() {
+            break;
+        }
         let specs: Vec<ToolSpec> = task.functions.iter().map(ToolSpec::from_function_json).collect::<Result<_>>()?;
         let mut bound: Vec<Arc<dyn Tool>> = specs.iter().map(|s| bind(s, tools, opts.dry_run)).collect();
         let mut specs = Ok(specs);
@@ -424,6 +427,10 @@ pub fn run_eval(
         let transcript = agent.run_conversation(&messages);
         driver = agent.into_driver();
         let t = transcript?;
+        // An interrupted task is not recorded: a resumed eval runs it again.
+        if t.stop_reason == StopReason::Interrupted {
+            break;
+        }
         let first_calls = t.steps.first().map(|s| s.decision.calls()).unwrap_or_default();
         let calls: Vec<RecordedCall> = if opts.dry_run {
             first_calls.into_iter().map(|c| RecordedCall { name: c.tool, arguments: c.args }).collect()

@@ -1,6 +1,6 @@
-//! Bounds on untrusted input: files the user names are read only when regular and small enough, and
-//! grammars and schemas (deeply nested ones recurse in their compilers) are compiled on a thread with a
-//! large stack.
+//! Bounds on untrusted input and on a run: files the user names are read only when regular and small
+//! enough, grammars and schemas (deeply nested ones recurse in their compilers) are compiled on a thread
+//! with a large stack, and an interrupt (the CLI's Ctrl-C) ends generation, tool calls and runs cleanly.
 
 use crate::error::{Error, Result};
 
@@ -53,4 +53,23 @@ pub fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     });
     // No thread could be made (a system that will not reserve the stack): compile here.
     spawned.unwrap_or_else(|| take()())
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks everything running in this process to stop at its next check: generation between tokens, a
+/// program tool within milliseconds (its process group killed), the agent before its next step, an eval
+/// before its next task. Only an atomic store, so it may be called from a signal handler.
+pub fn request_interrupt() {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether an interrupt was requested.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Forgets a handled interrupt (a library user that goes on after one).
+pub fn clear_interrupt() {
+    INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
 }

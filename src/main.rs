@@ -347,6 +347,31 @@ fn stdout_failed(e: std::io::Error) -> ! {
     std::process::exit(2);
 }
 
+/// Ctrl-C and SIGTERM ask the run to stop cleanly (`reagent::limits::request_interrupt`: generation
+/// ends, a tool's process group is killed, the trace gets the transcript, an eval stops before its next
+/// task); a second one ends the process at once. Exit code 130 after an interrupt.
+fn stop_on_signals() {
+    #[cfg(unix)]
+    {
+        extern "C" fn on_signal(_: libc::c_int) {
+            if reagent::limits::interrupted() {
+                // SAFETY: _exit is async-signal-safe.
+                unsafe { libc::_exit(130) };
+            }
+            reagent::limits::request_interrupt();
+        }
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGINT, handler);
+            libc::signal(libc::SIGTERM, handler);
+        }
+    }
+}
+
+/// The exit code of a command that an interrupt cut short.
+const INTERRUPTED_EXIT: u8 = 130;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
@@ -384,8 +409,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             out!("{}", serde_json::to_string(&ids)?);
         }
         Cmd::Generate(a) => generate(a)?,
-        Cmd::Run(a) => return run_agent(a),
-        Cmd::Eval(a) => eval(a)?,
+        Cmd::Run(a) => {
+            stop_on_signals();
+            return run_agent(a);
+        }
+        Cmd::Eval(a) => {
+            stop_on_signals();
+            eval(a)?;
+            if reagent::limits::interrupted() {
+                return Ok(ExitCode::from(INTERRUPTED_EXIT));
+            }
+        }
         Cmd::Bench(a) => {
             let mut model = load(&a.model)?;
             let params =
@@ -746,7 +780,11 @@ fn run_agent(a: RunArgs) -> Result<ExitCode> {
             out!("{answer}");
         }
     }
-    Ok(if transcript.final_answer.is_some() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(match (&transcript.stop_reason, &transcript.final_answer) {
+        (reagent::agent::StopReason::Interrupted, _) => ExitCode::from(INTERRUPTED_EXIT),
+        (_, Some(_)) => ExitCode::SUCCESS,
+        (_, None) => ExitCode::from(1),
+    })
 }
 
 fn eval(a: EvalArgs) -> Result<()> {

@@ -213,3 +213,49 @@ fn eval_refuses_to_write_over_its_task_file() {
     assert_clean_failure(&o, &["own-tasks.jsonl", "overwrite"]);
     assert_eq!(std::fs::read_to_string(&tasks).unwrap(), format!("{line}\n"), "the tasks are intact");
 }
+
+/// Ctrl-C during a tool call: the tool's process group is killed, the run ends with stop reason
+/// `interrupted` and exit code 130, and the trace holds every event and the transcript.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_interrupt_ends_the_run_cleanly() {
+    use std::time::{Duration, Instant};
+    let model = common::tiny_long_path(Arch::Qwen2);
+    let marker = format!("sleep 301.{}", std::process::id());
+    let tools = scratch().join("slow-tools.toml");
+    std::fs::write(
+        &tools,
+        format!("[[tool]]\nname = \"slow\"\ncommand = [\"sh\", \"-c\", \"{marker}\"]\ntimeout_s = 600\n"),
+    )
+    .unwrap();
+    let trace = scratch().join("interrupted-trace.jsonl");
+    let child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .args(["run", "--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"])
+        .args(["--tool-choice", "slow", "--max-steps", "3", "--tool-timeout", "600", "--trace"])
+        .args([trace.to_str().unwrap(), "wait"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&trace).unwrap_or_default().contains("tool_call_started") {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the run never called the tool");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "interrupted");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}

@@ -116,6 +116,8 @@ pub enum StopReason {
     TokenBudget { used: usize, budget: usize },
     /// The model or driver failed (an I/O or inference error, a scripted driver that ran out).
     DriverError { message: String },
+    /// An interrupt was requested ([`crate::limits::request_interrupt`]: the CLI's Ctrl-C).
+    Interrupted,
 }
 
 impl std::fmt::Display for StopReason {
@@ -131,6 +133,7 @@ impl std::fmt::Display for StopReason {
             }
             StopReason::TokenBudget { used, budget } => write!(f, "token budget spent ({used} of {budget})"),
             StopReason::DriverError { message } => write!(f, "{message}"),
+            StopReason::Interrupted => write!(f, "interrupted"),
         }
     }
 }

@@ -272,6 +272,9 @@ impl Agent {
         let mut stats = RunStats::default();
         let mut recent: Vec<(ToolCall, CallOutcome)> = Vec::new();
         let stop = 'run: loop {
+            if crate::limits::interrupted() {
+                break StopReason::Interrupted;
+            }
             if steps.len() >= self.config.max_steps {
                 break StopReason::MaxSteps { steps: steps.len() };
             }
@@ -421,6 +424,9 @@ impl Agent {
                 Ok(o) => o,
                 Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
             };
+            if crate::limits::interrupted() {
+                return Ok(Attempt::Stop(StopReason::Interrupted));
+            }
             stats.prompt_tokens += out.stats.prompt_tokens;
             stats.reused_tokens += out.stats.reused_tokens;
             stats.generated_tokens += out.stats.generated_tokens;

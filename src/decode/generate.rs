@@ -46,6 +46,8 @@ pub enum StopReason {
     ContextFull,
     /// The grammar is complete and admits nothing more.
     GrammarComplete,
+    /// An interrupt was requested ([`crate::limits::request_interrupt`]).
+    Interrupted,
 }
 
 /// Timing and token counts of one generation.
@@ -169,6 +171,9 @@ pub fn generate_continuing(
     let stop = loop {
         if tokens.len() >= params.max_tokens {
             break StopReason::MaxTokens;
+        }
+        if crate::limits::interrupted() {
+            break StopReason::Interrupted;
         }
         if let Some(c) = constraint.as_deref_mut() {
             let mut forced = c.forced_tokens()?;

@@ -176,7 +176,19 @@ fn run_with_timeout(tool: Arc<dyn Tool>, args: Value, timeout: Duration) -> Ran 
     if let Err(e) = spawned {
         return Ran::Done(Err(ToolError(format!("cannot start the tool: {e}"))));
     }
-    match rx.recv_timeout(timeout) {
+    // Waited for in slices, so that an interrupt ends the wait (a program tool kills itself on one).
+    let deadline = std::time::Instant::now() + timeout;
+    let received = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left.min(Duration::from_millis(50))) {
+            Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() && !crate::limits::interrupted() => continue,
+            Err(mpsc::RecvTimeoutError::Timeout) if crate::limits::interrupted() => {
+                return Ran::Done(Err(ToolError("interrupted".into())))
+            }
+            r => break r,
+        }
+    };
+    match received {
         Ok(Ok(r)) => Ran::Done(r),
         Ok(Err(panic)) => Ran::Panic(
             panic

@@ -143,6 +143,12 @@ impl Tool for ProgramTool {
                     let _ = child.wait();
                     return Err(killed());
                 }
+                Ok(None) if crate::limits::interrupted() => {
+                    group.kill();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(ToolError("interrupted".into()));
+                }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
                 Err(e) => return Err(ToolError(e.to_string())),
             }
