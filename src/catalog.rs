@@ -163,8 +163,15 @@ pub fn resolve(catalog: &Catalog, name_or_path: &str, fetch: bool, opts: &FetchO
         return Ok(p.to_path_buf());
     }
     let Some(entry) = catalog.get(name_or_path) else {
+        if let Ok(meta) = std::fs::metadata(p) {
+            let what = if meta.is_dir() { "a directory" } else { "not a regular file" };
+            return Err(Error::InputFile {
+                path: p.to_path_buf(),
+                problem: format!("{what}; --model takes a GGUF file or a catalog name"),
+            });
+        }
         if name_or_path.ends_with(".gguf") || name_or_path.contains(std::path::MAIN_SEPARATOR) {
-            return Err(Error::io(p, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")));
+            return Err(Error::InputFile { path: p.to_path_buf(), problem: "no such file".into() });
         }
         return Err(catalog.unknown(name_or_path));
     };

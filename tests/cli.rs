@@ -57,7 +57,12 @@ fn bad_model_inputs_fail_with_one_clear_line() {
     assert_clean_failure(&o, &["cli-cut.gguf", "truncated"]);
 
     let o = reagent(&["generate", "--model", "/nonexistent/dir/m.gguf", "--prompt", "x"]);
-    assert_clean_failure(&o, &["/nonexistent/dir/m.gguf"]);
+    assert_clean_failure(&o, &["/nonexistent/dir/m.gguf", "no such file"]);
+    // A directory or a device is named as what it is, not as missing.
+    let o = reagent(&["generate", "--model", scratch().to_str().unwrap(), "--prompt", "x"]);
+    assert_clean_failure(&o, &["a directory", "--model takes a GGUF file"]);
+    #[cfg(unix)]
+    assert_clean_failure(&reagent(&["generate", "--model", "/dev/zero", "--prompt", "x"]), &["not a regular file"]);
 }
 
 #[test]
