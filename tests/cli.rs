@@ -255,12 +255,6 @@ fn an_interrupt_ends_the_run_cleanly() {
     let lines: Vec<serde_json::Value> =
         std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "interrupted");
-    let left: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&marker))
-        .collect();
+    let left = common::processes_matching(&marker);
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }

@@ -153,14 +153,7 @@ command = ["sh", "-c", "echo first >&2; yes | head -c 20000 >&2; echo last-line 
     std::thread::sleep(Duration::from_millis(200));
     #[cfg(target_os = "linux")]
     {
-        // Command lines of all processes, from /proc (no `ps` needed).
-        let left: Vec<String> = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-            .filter(|c| c.contains(&marker))
-            .collect();
+        let left = common::processes_matching(&marker);
         assert!(left.is_empty(), "processes left behind: {left:?}");
     }
 }

@@ -133,21 +133,17 @@ impl Tool for ProgramTool {
         let mut stderr = child.stderr.take().expect("piped");
         let err_reader = std::thread::spawn(move || tail_read(&mut stderr, 4096));
         let deadline = Instant::now() + self.timeout;
-        let killed = || ToolError(format!("killed after {} s", self.timeout.as_secs_f64()));
         let status = loop {
             match child.try_wait() {
                 Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() >= deadline => {
+                Ok(None) if Instant::now() >= deadline || crate::limits::interrupted() => {
                     group.kill();
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(killed());
-                }
-                Ok(None) if crate::limits::interrupted() => {
-                    group.kill();
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(ToolError("interrupted".into()));
+                    return Err(match crate::limits::interrupted() {
+                        true => ToolError("interrupted".into()),
+                        false => ToolError(format!("killed after {} s", self.timeout.as_secs_f64())),
+                    });
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
                 Err(e) => return Err(ToolError(e.to_string())),

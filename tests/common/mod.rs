@@ -64,3 +64,16 @@ pub fn tiny_long_path(arch: Arch) -> PathBuf {
     }
     path
 }
+
+/// Command lines (arguments joined by spaces) of the running processes that contain `marker`, read from
+/// /proc (no `ps` needed): what a test's tools left behind.
+#[cfg(target_os = "linux")]
+pub fn processes_matching(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(marker))
+        .collect()
+}
