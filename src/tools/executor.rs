@@ -183,7 +183,12 @@ fn run_with_timeout(tool: Arc<dyn Tool>, args: Value, timeout: Duration) -> Ran 
         match rx.recv_timeout(left.min(Duration::from_millis(50))) {
             Err(mpsc::RecvTimeoutError::Timeout) if !left.is_zero() && !crate::limits::interrupted() => continue,
             Err(mpsc::RecvTimeoutError::Timeout) if crate::limits::interrupted() => {
-                return Ran::Done(Err(ToolError("interrupted".into())))
+                // The tool sees the interrupt too (a program tool kills its process group within a few
+                // milliseconds): give it a moment, so that the group is gone before the run ends.
+                return match rx.recv_timeout(Duration::from_secs(1)) {
+                    Ok(Ok(r)) => Ran::Done(r),
+                    _ => Ran::Done(Err(ToolError("interrupted".into()))),
+                };
             }
             r => break r,
         }
