@@ -72,23 +72,68 @@ fn ggml_type_name(id: u32) -> &'static str {
     }
 }
 
-/// The value of `general.alignment` as written in the header (a length-prefixed key, a type id, a small
-/// integer), found by searching the bytes, before candle reads (and divides by) it.
+/// The value of `general.alignment` as the header declares it, before candle reads (and divides by) it:
+/// a walk over the metadata entries only (the header, not the tensor data), skipping each value by its
+/// type. `None` when absent, or when the header cannot be walked (candle then reports the damage).
 fn declared_alignment(bytes: &[u8]) -> Option<u64> {
-    static KEY: std::sync::OnceLock<regex::bytes::Regex> = std::sync::OnceLock::new();
-    let key = KEY.get_or_init(|| {
-        regex::bytes::Regex::new(r"(?-u)\x11\x00\x00\x00\x00\x00\x00\x00general\.alignment").expect("valid regex")
-    });
-    let at = key.find(bytes)?.end();
-    let ty = u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?);
-    let v = bytes.get(at + 4..)?;
-    Some(match ty {
-        0 | 1 => *v.first()? as u64,                                      // u8, i8
-        2 | 3 => u16::from_le_bytes(v.get(..2)?.try_into().ok()?) as u64, // u16, i16
-        4 | 5 => u32::from_le_bytes(v.get(..4)?.try_into().ok()?) as u64, // u32, i32
-        10 | 11 => u64::from_le_bytes(v.get(..8)?.try_into().ok()?),      // u64, i64
-        _ => return None,
-    })
+    struct Walk<'a>(&'a [u8]);
+    impl<'a> Walk<'a> {
+        fn take(&mut self, n: u64) -> Option<&'a [u8]> {
+            let n = usize::try_from(n).ok().filter(|&n| n <= self.0.len())?;
+            let (head, rest) = self.0.split_at(n);
+            self.0 = rest;
+            Some(head)
+        }
+        fn uint(&mut self, n: u64) -> Option<u64> {
+            Some(self.take(n)?.iter().rev().fold(0, |v, &b| v << 8 | b as u64))
+        }
+        /// Skips one value of GGUF type `ty` (arrays nest at most a few levels deep in practice).
+        fn skip(&mut self, ty: u64, depth: usize) -> Option<()> {
+            match ty {
+                0 | 1 | 7 => self.take(1).map(drop),
+                2 | 3 => self.take(2).map(drop),
+                4..=6 => self.take(4).map(drop),
+                10..=12 => self.take(8).map(drop),
+                8 => {
+                    let len = self.uint(8)?;
+                    self.take(len).map(drop)
+                }
+                9 if depth < 8 => {
+                    let (elem, count) = (self.uint(4)?, self.uint(8)?);
+                    match elem {
+                        0 | 1 | 7 => self.take(count).map(drop),
+                        2 | 3 => self.take(count.checked_mul(2)?).map(drop),
+                        4..=6 => self.take(count.checked_mul(4)?).map(drop),
+                        10..=12 => self.take(count.checked_mul(8)?).map(drop),
+                        // Each element takes at least one byte, so this ends with the data.
+                        _ => (0..count).try_for_each(|_| self.skip(elem, depth + 1)),
+                    }
+                }
+                _ => None,
+            }
+        }
+    }
+    let mut w = Walk(bytes);
+    if w.take(4)? != b"GGUF" || w.uint(4)? < 2 {
+        return None;
+    }
+    let (_tensors, entries) = (w.uint(8)?, w.uint(8)?);
+    for _ in 0..entries {
+        let key_len = w.uint(8)?;
+        let key = w.take(key_len)?;
+        let ty = w.uint(4)?;
+        if key == b"general.alignment" {
+            return match ty {
+                0 | 1 => w.uint(1),   // u8, i8
+                2 | 3 => w.uint(2),   // u16, i16
+                4 | 5 => w.uint(4),   // u32, i32
+                10 | 11 => w.uint(8), // u64, i64
+                _ => None,
+            };
+        }
+        w.skip(ty, 0)?;
+    }
+    None
 }
 
 impl GgufFile {
