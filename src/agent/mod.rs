@@ -294,7 +294,7 @@ impl Agent {
                 };
             // The first free choice between calling and answering: a call made of values the user never
             // wrote means no listed tool fits.
-            let free_first = steps.is_empty() && std::ptr::eq(step_schema, &schema) && !specs.is_empty();
+            let free_first = steps.is_empty() && !forced_call && !force_answer && !specs.is_empty();
             let grounding = match (free_first && self.config.tool_choice == ToolChoice::Auto, decision.calls().first())
             {
                 (true, Some(call)) => grounding::grounding(call, &messages),
