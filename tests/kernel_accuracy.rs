@@ -82,3 +82,34 @@ fn gemma3_matches_the_f32_reference() {
         compare(p);
     }
 }
+
+/// The batched prefill against the same prompt fed one token at a time (the mat-vec kernels): on the
+/// integer prefill both round the activations to 8 bits the same way, so only summation order differs.
+fn prefill_matches_stepwise(path: std::path::PathBuf) -> f32 {
+    let opts = LoadOptions { max_context: Some(512), ..LoadOptions::default() };
+    let mut batched = Model::load(&path, &opts).unwrap();
+    let mut stepwise = Model::load(&path, &opts).unwrap();
+    let text = "The quick brown fox jumps over the lazy dog. In the beginning the universe was created, and";
+    let prompt = batched.tokenizer().encode(text, true).unwrap();
+    let a = batched.forward(&prompt, 0).unwrap();
+    let mut b = Vec::new();
+    for (pos, &t) in prompt.iter().enumerate() {
+        b = stepwise.forward(&[t], pos).unwrap();
+    }
+    let rel = relative_rms(&a, &b);
+    eprintln!("{path:?}: batched vs stepwise {:.3}% RMS ({})", rel * 100.0, reagent::model::prefill_kernel());
+    rel
+}
+
+#[test]
+fn smollm2_batched_prefill_matches_stepwise_decode() {
+    let rel = prefill_matches_stepwise(common::real_model_path("smollm2-135m"));
+    assert!(rel < 0.2);
+}
+
+#[test]
+fn qwen_batched_prefill_matches_stepwise_decode() {
+    if let Some(p) = common::optional_model_path("qwen2.5-coder-0.5b") {
+        assert!(prefill_matches_stepwise(p) < 0.2);
+    }
+}

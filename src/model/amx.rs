@@ -18,7 +18,7 @@
 //!
 //! The tile unit must be switched on per process (Linux's `ARCH_REQ_XCOMP_PERM`); [`available`] does that
 //! once and says no where the CPU or the kernel cannot, and the caller then keeps the f32 GEMM path.
-//! `REAGENT_KERNELS=vnni|avx2|scalar` also turns it off, to compare paths.
+//! `REAGENT_KERNELS=avx512|vnni|avx2|scalar` also turns it off, to compare paths.
 
 use super::kernels::{self, BlockType, Tier};
 
@@ -33,7 +33,7 @@ const DEPTH: usize = 32;
 pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
-        let capped = matches!(std::env::var("REAGENT_KERNELS").as_deref(), Ok("scalar" | "avx2" | "vnni"));
+        let capped = matches!(std::env::var("REAGENT_KERNELS").as_deref(), Ok("scalar" | "avx2" | "vnni" | "avx512"));
         !capped && Tier::best() != Tier::Scalar && imp::enable()
     })
 }

@@ -33,32 +33,33 @@ impl Default for Q8Block {
     }
 }
 
-/// Quantizes `x` (a multiple of 32 long) into `out`.
+/// Quantizes `x` (a multiple of 32 long) into `out`: a scale per 32-element block, each element rounded to
+/// the nearest step (ties to even, as the SIMD conversion does, so every tier gives the same bits).
 pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
-    debug_assert_eq!(x.len(), out.len() * QK);
-    for (xb, b) in x.chunks_exact(QK).zip(out.iter_mut()) {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in b.qs.iter_mut().zip(xb) {
-            *q = (v * inv).round() as i8;
-            sum += *q as i32;
-        }
-        b.d = d;
-        b.sum = sum;
-    }
+    quantize_groups(x, out, 1)
 }
 
 /// Quantizes `x` for a matrix of type `t`: the K-quant kernels need the 8 blocks of each 256-element
 /// super-block to share one scale (so sub-block scales can be applied to integer sums); the others get a
 /// scale per 32-element block.
 pub fn quantize_row_q8_for(t: BlockType, x: &[f32], out: &mut [Q8Block]) {
-    let group = t.block_elems() / QK;
-    if group == 1 {
-        return quantize_row_q8(x, out);
+    quantize_groups(x, out, t.block_elems() / QK)
+}
+
+/// Quantizes `x` with one scale per `group` blocks.
+fn quantize_groups(x: &[f32], out: &mut [Q8Block], group: usize) {
+    assert_eq!(x.len(), out.len() * QK, "{} activations for {} blocks", x.len(), out.len());
+    assert!(out.len().is_multiple_of(group));
+    #[cfg(target_arch = "x86_64")]
+    if Tier::best() >= Tier::Avx2 {
+        // SAFETY: AVX2/FMA/F16C are present (every tier above scalar has them); lengths asserted above.
+        unsafe { avx2::quantize_groups(x, out, group) };
+        return;
     }
-    debug_assert_eq!(x.len(), out.len() * QK);
+    quantize_groups_scalar(x, out, group)
+}
+
+fn quantize_groups_scalar(x: &[f32], out: &mut [Q8Block], group: usize) {
     for (xg, bg) in x.chunks_exact(group * QK).zip(out.chunks_exact_mut(group)) {
         let amax = xg.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
@@ -66,7 +67,7 @@ pub fn quantize_row_q8_for(t: BlockType, x: &[f32], out: &mut [Q8Block]) {
         for (xb, b) in xg.chunks_exact(QK).zip(bg.iter_mut()) {
             let mut sum = 0i32;
             for (q, &v) in b.qs.iter_mut().zip(xb) {
-                *q = (v * inv).round() as i8;
+                *q = (v * inv).round_ties_even() as i8;
                 sum += *q as i32;
             }
             b.d = d;
@@ -225,6 +226,20 @@ fn q4k_scale_min(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
+/// Q4_K's 8 scales and 8 minimums of 6 bits, unpacked from their 12 bytes all at once (as
+/// [`q4k_scale_min`] does one at a time): bytes 0..4 hold scales 0..4 and the top bits of scales 4..8,
+/// bytes 4..8 minimums 0..4 and the top bits of minimums 4..8, bytes 8..12 the low nibbles of scales 4..8
+/// (low) and minimums 4..8 (high).
+pub(crate) fn q4k_scales_mins(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (a, b, c) = (word(0), word(1), word(2));
+    let (low6, low4, top2) = (0x3F3F_3F3Fu32, 0x0F0F_0F0Fu32, 0x0303_0303u32);
+    let scales_hi = (c & low4) | (((a >> 6) & top2) << 4);
+    let mins_hi = ((c >> 4) & low4) | (((b >> 6) & top2) << 4);
+    let join = |lo: u32, hi: u32| (lo as u64 | (hi as u64) << 32).to_le_bytes();
+    (join(a & low6, scales_hi), join(b & low6, mins_hi))
+}
+
 /// Q6_K's unsigned 6-bit quant (0..63, offset 32) of element `i` of a super-block: the low 4 bits in `ql`
 /// (bytes 0..128), the high 2 in `qh` (bytes 128..192). Each 128-element half takes 64 `ql` bytes (low
 /// nibbles: elements 0..64, high nibbles: 64..128) and 32 `qh` bytes (2 bits for each of 4 elements 32 apart).
@@ -372,27 +387,43 @@ pub fn row_dot_scalar(t: BlockType, row: &[u8], x: &[Q8Block]) -> f32 {
     row.chunks_exact(t.block_bytes()).zip(x.chunks_exact(per)).map(|(b, xs)| block_dot_scalar(t, b, xs)).sum()
 }
 
-/// Which implementation of the kernels runs.
+/// Which implementation of the kernels runs. Ordered: a CPU runs every tier it supports, and
+/// `REAGENT_KERNELS` caps the choice (Zen 4 has AVX-512 but not AVX-VNNI, so a cap at `vnni` gives AVX2
+/// there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Tier {
     /// Portable Rust.
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX2 with AVX-VNNI byte dot products.
+    /// AVX2 with AVX-VNNI byte dot products (Intel client chips since Alder Lake).
     AvxVnni,
+    /// AVX-512 F/BW/VL/VNNI, 512-bit byte dot products (AMD Zen 4/5, Intel Xeons since Ice Lake): also runs
+    /// prefill on 8-bit integers ([`matmul`]).
+    Avx512,
 }
 
 impl Tier {
-    /// The best tier this CPU supports (`REAGENT_KERNELS=scalar|avx2` caps it, to compare tiers).
+    /// Every tier, lowest first.
+    pub const ALL: [Tier; 4] = [Tier::Scalar, Tier::Avx2, Tier::AvxVnni, Tier::Avx512];
+
+    /// The name `REAGENT_KERNELS` and `reagent bench` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
+            Tier::AvxVnni => "vnni",
+            Tier::Avx512 => "avx512",
+        }
+    }
+
+    /// The best tier this CPU supports, capped by `REAGENT_KERNELS` (`scalar`, `avx2`, `vnni`, `avx512`;
+    /// `amx` or unset: no cap).
     pub fn best() -> Tier {
         static BEST: std::sync::OnceLock<Tier> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let cap = match std::env::var("REAGENT_KERNELS").as_deref() {
-                Ok("scalar") => Tier::Scalar,
-                Ok("avx2") => Tier::Avx2,
-                _ => Tier::AvxVnni,
-            };
+            let cap = std::env::var("REAGENT_KERNELS").ok();
+            let cap = Tier::ALL.into_iter().find(|t| cap.as_deref() == Some(t.name())).unwrap_or(Tier::Avx512);
             Tier::supported().into_iter().filter(|&t| t <= cap).max().unwrap_or(Tier::Scalar)
         })
     }
@@ -405,6 +436,9 @@ impl Tier {
             tiers.push(Tier::Avx2);
             if is_x86_feature_detected!("avxvnni") {
                 tiers.push(Tier::AvxVnni);
+            }
+            if avx512::detected() {
+                tiers.push(Tier::Avx512);
             }
         }
         tiers
@@ -441,7 +475,8 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
     assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
     const ROWS_PER_ITEM: usize = 16;
     let mut bytes = 0;
-    // Per job: row bytes, the output's address, and the first work item.
+    // Per job: row bytes, the output's address, the first work item, and the activations packed for the
+    // AVX-512 K-quant kernels.
     let mut plan = Vec::with_capacity(jobs.len());
     let mut items = 0;
     for j in jobs.iter_mut() {
@@ -451,13 +486,13 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
         assert_eq!(j.w.len(), j.rows * row_bytes, "weight bytes do not match {} rows of {cols} columns", j.rows);
         assert_eq!(j.y.len(), j.rows);
         bytes += j.w.len();
-        plan.push((row_bytes, j.y.as_mut_ptr() as usize, items));
+        plan.push((row_bytes, j.y.as_mut_ptr() as usize, items, pack(tier, j.t, j.x)));
         items += j.rows.div_ceil(ROWS_PER_ITEM);
     }
     // Small products are not worth waking the workers for.
     if bytes < 64 * 1024 {
-        for (j, &(row_bytes, ..)) in jobs.iter_mut().zip(&plan) {
-            rows_dot_into(tier, j.t, j.w, row_bytes, 0, j.x, j.y);
+        for (j, (row_bytes, .., packed)) in jobs.iter_mut().zip(&plan) {
+            rows_dot_into(tier, j.t, j.w, *row_bytes, 0, j.x, packed, j.y);
         }
         return;
     }
@@ -467,14 +502,14 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
         let mut item = range.start;
         while item < range.end {
             let k = plan.partition_point(|p| p.2 <= item) - 1;
-            let (j, (row_bytes, y_ptr, first_item)) = (&jobs[k], plan[k]);
+            let (j, (row_bytes, y_ptr, first_item, packed)) = (&jobs[k], &plan[k]);
             let end = plan.get(k + 1).map_or(range.end, |p| p.2.min(range.end));
             let first = (item - first_item) * ROWS_PER_ITEM;
             let last = j.rows.min((end - first_item) * ROWS_PER_ITEM);
             // SAFETY: work items are disjoint row ranges of one job's `y` (`last <= rows == y.len()`), and the
             // jobs' outputs are distinct `&mut` slices.
-            let out = unsafe { std::slice::from_raw_parts_mut((y_ptr as *mut f32).add(first), last - first) };
-            rows_dot_into(tier, j.t, j.w, row_bytes, first, j.x, out);
+            let out = unsafe { std::slice::from_raw_parts_mut((*y_ptr as *mut f32).add(first), last - first) };
+            rows_dot_into(tier, j.t, j.w, *row_bytes, first, j.x, packed, out);
             item = end;
         }
     });
@@ -482,9 +517,96 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// Activations packed for the AVX-512 K-quant kernels.
+#[cfg(target_arch = "x86_64")]
+type Packed = avx512::XSuper;
+#[cfg(not(target_arch = "x86_64"))]
+type Packed = ();
+
+/// `x` packed for weights of type `t` where the tier's kernels want it so (AVX-512 K-quants), else empty.
+fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Vec<Packed> {
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx512 && t.block_elems() > QK {
+        avx512::pack_supers(avx2::code(t), x, &mut out);
+    }
+    let _ = (tier, t, x);
+    out
+}
+
+/// An `R × C` tile on the AVX-512 kernels: weight rows from `w` (`row_bytes` apart) times tokens from `xq`
+/// (32-element block types) or `xp` (K-quants), `x_stride` 32-element blocks apart, `blocks` blocks long.
+///
+/// # Safety
+/// The CPU has the AVX-512 tier; the `R` rows and the `C` tokens' activations lie inside their buffers, and
+/// `xp` holds the packed activations when `t` is a K-quant.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn avx512_tile<const R: usize, const C: usize>(
+    t: BlockType,
+    w: *const u8,
+    row_bytes: usize,
+    xq: *const Q8Block,
+    xp: *const Packed,
+    x_stride: usize,
+    blocks: usize,
+) -> [[f32; C]; R] {
+    use avx2::*;
+    use avx512::{tile, tile_k};
+    let (xs, supers) = (x_stride / 8, blocks / 8);
+    match code(t) {
+        Q4_0 => tile::<Q4_0, R, C>(w, row_bytes, xq, x_stride, blocks),
+        Q4_1 => tile::<Q4_1, R, C>(w, row_bytes, xq, x_stride, blocks),
+        Q5_0 => tile::<Q5_0, R, C>(w, row_bytes, xq, x_stride, blocks),
+        Q8_0 => tile::<Q8_0, R, C>(w, row_bytes, xq, x_stride, blocks),
+        Q4K => tile_k::<Q4K, R, C>(w, row_bytes, xp, xs, supers),
+        Q5K => tile_k::<Q5K, R, C>(w, row_bytes, xp, xs, supers),
+        _ => tile_k::<Q6K, R, C>(w, row_bytes, xp, xs, supers),
+    }
+}
 
 /// `out[i] = W[first + i] · x` for consecutive rows, on the best kernel available.
-fn rows_dot_into(tier: Tier, t: BlockType, w: &[u8], row_bytes: usize, first: usize, x: &[Q8Block], out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+fn rows_dot_into(
+    tier: Tier,
+    t: BlockType,
+    w: &[u8],
+    row_bytes: usize,
+    first: usize,
+    x: &[Q8Block],
+    packed: &[Packed],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx512 {
+        let n = out.len();
+        assert!((first + n) * row_bytes <= w.len());
+        assert!(t.block_elems() == QK || packed.len() * 8 == x.len(), "K-quant activations are packed");
+        let mut r = 0;
+        // SAFETY: the tier's CPU features are present (`matvec_on` checks), every row read lies inside `w`
+        // (asserted), and the activations are whole rows of `x.len()` blocks (packed for the K-quants).
+        unsafe {
+            let base = w.as_ptr().add(first * row_bytes);
+            let (xq, xp) = (x.as_ptr(), packed.as_ptr());
+            while r + 4 <= n {
+                let y = avx512_tile::<4, 1>(t, base.add(r * row_bytes), row_bytes, xq, xp, 0, x.len());
+                for i in 0..4 {
+                    out[r + i] = y[i][0];
+                }
+                r += 4;
+            }
+            while r < n {
+                out[r] = avx512_tile::<1, 1>(t, base.add(r * row_bytes), row_bytes, xq, xp, 0, x.len())[0][0];
+                r += 1;
+            }
+        }
+        return;
+    }
+    let _ = packed;
     #[cfg(target_arch = "x86_64")]
     if tier != Tier::Scalar {
         use avx2::*;
@@ -531,6 +653,147 @@ fn rows_dot_into(tier: Tier, t: BlockType, w: &[u8], row_bytes: usize, first: us
         let r = first + i;
         *o = row_dot_scalar(t, &w[r * row_bytes..(r + 1) * row_bytes], x);
     }
+}
+
+/// Whether [`matmul`] runs prompt-sized batches on 8-bit integer kernels here (the AVX-512 tier), rather
+/// than the caller dequantizing the weights for an f32 GEMM.
+pub fn int_matmul_available() -> bool {
+    Tier::best() == Tier::Avx512
+}
+
+/// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` (f32, row-major) and `w` the `n × k` matrix of
+/// type `t` in GGUF block layout: the integer prefill. Each row of `x` is quantized to 8 bits as for
+/// decode; on the AVX-512 tier tiles of 4 weight rows × 4 tokens unpack each weight block once for four
+/// tokens, with the tokens taken 64 at a time so their activations stay in L2 while a worker's rows pass
+/// over them. Other tiers run one mat-vec per token (the reference the tests compare against).
+pub fn matmul(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    matmul_on(Tier::best(), t, w, n, k, x)
+}
+
+/// [`matmul`] on a given tier, which must be one of [`Tier::supported`].
+pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
+    assert!(k > 0 && k.is_multiple_of(t.block_elems()), "{k} columns are not whole {t:?} blocks");
+    let row_bytes = t.row_bytes(k);
+    assert_eq!(w.len(), n * row_bytes, "weight bytes do not match {n} rows of {k} columns");
+    assert!(x.len().is_multiple_of(k), "activations are not whole rows of {k}");
+    let (m, blocks) = (x.len() / k, k / QK);
+    let mut xq = vec![Q8Block::default(); m * blocks];
+    for (xr, q) in x.chunks_exact(k).zip(xq.chunks_exact_mut(blocks)) {
+        quantize_row_q8_for(t, xr, q);
+    }
+    let mut y = vec![0f32; m * n];
+    if tier != Tier::Avx512 {
+        for (q, yr) in xq.chunks_exact(blocks).zip(y.chunks_exact_mut(n)) {
+            matvec_on(tier, t, w, n, q, yr);
+        }
+        return y;
+    }
+    #[cfg(target_arch = "x86_64")]
+    matmul_groups(t, w, n, row_bytes, &xq, blocks, &mut y);
+    y
+}
+
+/// Rows per work item of the batched products, and tokens per pass over a work item's rows (their
+/// activations stay in L2 while the rows pass over them).
+#[cfg(target_arch = "x86_64")]
+const ROWS_PER_ITEM: usize = 16;
+#[cfg(target_arch = "x86_64")]
+const TOKENS_PER_PASS: usize = 64;
+/// Rows and tokens of a tile.
+#[cfg(target_arch = "x86_64")]
+const TILE_ROWS: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const TILE_TOKENS: usize = 2;
+
+/// Runs `cell(r, c, rr, cc)` over the `rr × cc` tiles (4 × 4, with 1-wide tails) covering rows
+/// `first..last` and all `m` tokens, a pass of [`TOKENS_PER_PASS`] tokens at a time.
+#[cfg(target_arch = "x86_64")]
+fn for_tiles(first: usize, last: usize, m: usize, mut cell: impl FnMut(usize, usize, usize, usize)) {
+    for c0 in (0..m).step_by(TOKENS_PER_PASS) {
+        let c1 = m.min(c0 + TOKENS_PER_PASS);
+        let mut r = first;
+        while r < last {
+            let rr = if last - r >= TILE_ROWS { TILE_ROWS } else { 1 };
+            let mut c = c0;
+            while c < c1 {
+                let cc = if c1 - c >= TILE_TOKENS { TILE_TOKENS } else { 1 };
+                cell(r, c, rr, cc);
+                c += cc;
+            }
+            r += rr;
+        }
+    }
+}
+
+/// Writes an `R × C` tile of results at rows `r..`, tokens `c..` of the `m × n` output.
+///
+/// # Safety
+/// The tile lies inside the output at `y`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn store_tile<const R: usize, const C: usize>(v: [[f32; C]; R], y: *mut f32, n: usize, r: usize, c: usize) {
+    for (i, vr) in v.iter().enumerate() {
+        for (j, &vc) in vr.iter().enumerate() {
+            *y.add((c + j) * n + r + i) = vc;
+        }
+    }
+}
+
+/// The batched product on AVX-512: tokens packed once into groups of 8 blocks ([`avx512::XGroup`]), each
+/// work item's rows packed once the same way (a K-quant super-block as 8 blocks with float scales), then
+/// tiles of 4 rows × 4 tokens ([`avx512::tile_groups`]).
+#[cfg(target_arch = "x86_64")]
+fn matmul_groups(t: BlockType, w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
+    use avx512::{tile_groups, XGroup, GROUP};
+    let code = avx2::code(t);
+    let groups = blocks.div_ceil(GROUP);
+    let m = xq.len() / blocks;
+    let zero = avx512::XGroup::zeroed();
+    let mut xg: Vec<XGroup> = vec![zero; m * groups];
+    for (q, g) in xq.chunks_exact(blocks).zip(xg.chunks_exact_mut(groups)) {
+        avx512::pack_groups(code, q, g);
+    }
+    let y_ptr = y.as_mut_ptr() as usize;
+    let min = matches!(t, BlockType::Q4_1 | BlockType::Q4K | BlockType::Q5K);
+    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(ROWS_PER_ITEM), |items| {
+        let first = items.start * ROWS_PER_ITEM;
+        let last = n.min(items.end * ROWS_PER_ITEM);
+        let mut wg = Vec::new();
+        // SAFETY: AVX-512 is present (the caller's tier); rows `first..last` lie inside `w`.
+        unsafe {
+            avx512::pack_weight_groups(
+                code,
+                w.as_ptr().add(first * row_bytes),
+                row_bytes,
+                last - first,
+                blocks,
+                &mut wg,
+            )
+        };
+        for_tiles(first, last, m, |r, c, rr, cc| {
+            // SAFETY: as above; the tile's packed rows and tokens exist, and work items write disjoint rows.
+            unsafe {
+                let (wp, xp, y) =
+                    (wg.as_ptr().add((r - first) * groups), xg.as_ptr().add(c * groups), y_ptr as *mut f32);
+                macro_rules! cell {
+                    ($r:expr, $c:expr) => {{
+                        let v = if min {
+                            tile_groups::<true, $r, $c>(wp, groups, xp, groups, groups)
+                        } else {
+                            tile_groups::<false, $r, $c>(wp, groups, xp, groups, groups)
+                        };
+                        store_tile(v, y, n, r, c)
+                    }};
+                }
+                match (rr, cc) {
+                    (TILE_ROWS, TILE_TOKENS) => cell!(TILE_ROWS, TILE_TOKENS),
+                    (TILE_ROWS, _) => cell!(TILE_ROWS, 1),
+                    (_, TILE_TOKENS) => cell!(1, TILE_TOKENS),
+                    _ => cell!(1, 1),
+                }
+            }
+        });
+    });
 }
 
 #[cfg(test)]
@@ -581,6 +844,7 @@ mod tests {
 
     #[test]
     fn simd_matches_scalar_and_scalar_matches_dequantized_f32() {
+        report_missing_tiers();
         // Odd shapes: 1 block, many blocks, row counts that are not multiples of the work item, and big
         // enough matrices to go through the worker pool.
         for (rows, cols) in [(1, 32), (7, 64), (33, 800), (300, 1024), (1, 256), (9, 768), (37, 2304)] {
@@ -660,6 +924,84 @@ mod tests {
                 let mut alone = vec![0f32; *rows];
                 matvec_on(tier, *t, w, *rows, x, &mut alone);
                 assert_eq!(&alone, y, "{tier:?} {t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn q4k_scales_unpack_all_at_once_as_one_at_a_time() {
+        let mut s = 7u64;
+        for _ in 0..200 {
+            let q: [u8; 12] = std::array::from_fn(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 56) as u8
+            });
+            let (sc, mn) = q4k_scales_mins(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], mn[j]), q4k_scale_min(j, &q), "sub-block {j} of {q:?}");
+            }
+        }
+    }
+
+    /// The integer prefill on every tier the CPU has against per-token scalar mat-vecs: tails of rows and
+    /// tokens that do not fill a 4 × 4 tile, an odd number of 32-element blocks, and enough tokens for
+    /// more than one pass of 64.
+    #[test]
+    fn batched_products_match_scalar_on_every_tier() {
+        report_missing_tiers();
+        for (n, k, m) in [(1, 32, 1), (7, 96, 5), (33, 256, 4), (9, 768, 70), (64, 512, 131)] {
+            for ty in TYPES {
+                let t = BlockType::of(ty).unwrap();
+                if k % t.block_elems() != 0 {
+                    continue;
+                }
+                let (w, _) = matrix(ty, n, k, (n * k) as u64);
+                let x = random(m * k, 3);
+                let reference = matmul_on(Tier::Scalar, t, &w, n, k, &x);
+                for tier in Tier::supported() {
+                    let y = matmul_on(tier, t, &w, n, k, &x);
+                    for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                            "{tier:?} {ty:?} {n}x{k}, {m} tokens: token {} row {}: {a} vs {b}",
+                            i / n,
+                            i % n
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Names the tiers this CPU cannot run, so a pass says what it did not check.
+    fn report_missing_tiers() {
+        let have = Tier::supported();
+        for tier in Tier::ALL.into_iter().filter(|t| !have.contains(t)) {
+            eprintln!("skipped: the {} kernels (this CPU lacks them)", tier.name());
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn simd_quantization_gives_the_scalar_bits() {
+        // Exact ties included: 0.5 steps of a block whose largest value is 127.
+        let mut x = random(1024, 11);
+        for (i, v) in x[..64].iter_mut().enumerate() {
+            *v = (i as f32 - 32.0) * 0.5;
+        }
+        x[63] = 127.0;
+        for group in [1, 8] {
+            let mut scalar = vec![Q8Block::default(); 32];
+            quantize_groups_scalar(&x, &mut scalar, group);
+            if !Tier::supported().contains(&Tier::Avx2) {
+                eprintln!("skipped: the avx2 quantizer (this CPU lacks AVX2)");
+                return;
+            }
+            let mut simd = vec![Q8Block::default(); 32];
+            // SAFETY: AVX2 is present (checked above).
+            unsafe { avx2::quantize_groups(&x, &mut simd, group) };
+            for (a, b) in simd.iter().zip(&scalar) {
+                assert_eq!((a.d, a.sum, a.qs), (b.d, b.sum, b.qs), "group {group}");
             }
         }
     }

@@ -26,7 +26,7 @@ pub(super) fn code(t: BlockType) -> u8 {
     }
 }
 
-const fn block_bytes(t: u8) -> usize {
+pub(super) const fn block_bytes(t: u8) -> usize {
     match t {
         Q4_0 => 18,
         Q4_1 => 20,
@@ -39,7 +39,7 @@ const fn block_bytes(t: u8) -> usize {
 }
 
 #[inline(always)]
-unsafe fn f16(b: *const u8) -> f32 {
+pub(super) unsafe fn f16(b: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const u16) as i32)))
 }
 
@@ -77,7 +77,7 @@ unsafe fn bit_as_16(qh: __m256i, mask: i32) -> __m256i {
 /// up: without this, decode waits on memory at well under half the bandwidth (measured: +50% decode
 /// speed on Qwen 0.5B from these hints alone).
 #[inline(always)]
-unsafe fn prefetch_next_rows<const R: usize>(b: *const u8, stride: usize, lines: usize) {
+pub(super) unsafe fn prefetch_next_rows<const R: usize>(b: *const u8, stride: usize, lines: usize) {
     for l in 0..lines {
         _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(R * stride + 64 * l) as *const i8);
     }
@@ -170,7 +170,12 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
     let mut mins = [0f32; R];
     let m4 = _mm256_set1_epi8(0x0F);
     for (sb, xs) in x.chunks_exact(8).enumerate() {
-        let qx: [__m256i; 8] = std::array::from_fn(|i| _mm256_loadu_si256(xs[i].qs.as_ptr() as *const __m256i));
+        // Loops, not `array::from_fn`: a closure does not inherit the target features, so its intrinsics
+        // would be calls.
+        let mut qx = [_mm256_setzero_si256(); 8];
+        for (q, x) in qx.iter_mut().zip(xs) {
+            *q = _mm256_loadu_si256(x.qs.as_ptr() as *const __m256i);
+        }
         let dx = xs[0].d;
         if T == Q4K || T == Q5K {
             // Q5_K: the quants start after 32 bytes of fifth bits; bit `s` of `qh[l]` belongs to element
@@ -203,7 +208,10 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                 mins[r] -= dmin * dx * summ as f32;
             }
         } else {
-            let off: [__m256i; 8] = std::array::from_fn(|i| _mm256_maddubs_epi16(_mm256_set1_epi8(32), qx[i]));
+            let mut off = [_mm256_setzero_si256(); 8];
+            for (o, q) in off.iter_mut().zip(&qx) {
+                *o = _mm256_maddubs_epi16(_mm256_set1_epi8(32), *q);
+            }
             let m2 = _mm256_set1_epi8(0x30);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let b = rows.add(r * stride + sb * bb);
@@ -376,4 +384,40 @@ pub(super) unsafe fn rows_dot_vnni<const T: u8, const R: usize>(
     x: &[Q8Block],
 ) -> [f32; R] {
     rows_dot_impl::<T, R, true>(rows, stride, x)
+}
+
+/// [`super::quantize_groups`]: the same scale, products and rounding (ties to even), 8 lanes at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_groups(x: &[f32], out: &mut [Q8Block], group: usize) {
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    for (xg, bg) in x.chunks_exact(group * 32).zip(out.chunks_exact_mut(group)) {
+        let mut m = _mm256_setzero_ps();
+        for v in xg.chunks_exact(8) {
+            m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(v.as_ptr()), abs));
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        let d = amax / 127.0;
+        let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        for (xb, b) in xg.chunks_exact(32).zip(bg.iter_mut()) {
+            let p = xb.as_ptr();
+            let q: [__m256i; 4] = [
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p), inv)),
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(8)), inv)),
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(16)), inv)),
+                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p.add(24)), inv)),
+            ];
+            let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0b01_00_11_10));
+            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0b10_11_00_01));
+            // Packing works within 128-bit lanes: the permute puts the four 8-element runs back in order.
+            let w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, w);
+            b.d = d;
+            b.sum = _mm_cvtsi128_si32(s1);
+        }
+    }
 }

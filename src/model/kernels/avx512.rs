@@ -1,0 +1,551 @@
+//! The AVX-512 kernels (F + BW + VL + VNNI), for CPUs such as AMD Zen 4/5 and Intel Xeons before AMX.
+//!
+//! One kernel shape serves decode and prefill: a tile of `R` weight rows × `C` activation rows (tokens).
+//! Each weight block is unpacked once per tile and multiplied with the `C` tokens' activations, so decode
+//! is `C = 1` and the integer prefill ([`super::matmul`]) runs 4 × 4 tiles, reusing every unpacked block
+//! four times. A 512-bit register holds two 32-element blocks (or two K-quant sub-blocks):
+//! - 32-element block types: `vpdpbusd` of the unsigned weights with the 8-bit activations gives 8 partial
+//!   sums per block, converted to f32 and scaled by `d_w·d_x` per lane; the types' offsets and minimums
+//!   (`Σ w·x = d_w·d_x·Σ u·qx + c·d_x·Σ qx`) are one more FMA per pair of blocks. Q8_0's signed weights
+//!   are made unsigned by flipping their top bit (`u = w + 128`, `c = −128·d_w`).
+//! - K-quants: `vpmaddubsw` gives pair sums as i16 and `vpdpwssd` multiplies them by the sub-block scales
+//!   and accumulates in i32, so a 256-element super-block costs one conversion to f32 per tile cell. The
+//!   minimums (Q4_K, Q5_K) and Q6_K's offset 32 are one `vpmaddwd` of the row's 16 scale or minimum values
+//!   with the token's 16 sums of 16 activations. The activations are first packed ([`XSuper`]) in the
+//!   order the weights unpack in.
+
+use std::arch::x86_64::*;
+
+use super::avx2::{block_bytes, f16, prefetch_next_rows, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q6K, Q8_0};
+use super::Q8Block;
+
+/// A K-quant super-block of one token's activations, packed for these kernels: the 8 activation blocks as
+/// four 64-byte pairs in the order the weights unpack in (Q4_K, Q5_K: blocks 0+2, 1+3, 4+6, 5+7; Q6_K:
+/// 0+1, 2+3, 4+5, 6+7), the sums of each 16 activations, and the super-block's scale.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct XSuper {
+    qs: [[i8; 64]; 4],
+    bsum: [i16; 16],
+    d: f32,
+}
+
+impl XSuper {
+    const ZERO: XSuper = XSuper { qs: [[0; 64]; 4], bsum: [0; 16], d: 0.0 };
+}
+
+/// Packs a row of K-quant activations (8 blocks per super-block, one scale per super-block, as
+/// [`super::quantize_row_q8_for`] makes them) for weights of type `t`.
+pub(crate) fn pack_supers(t: u8, x: &[Q8Block], out: &mut Vec<XSuper>) {
+    let order: [usize; 8] = if t == Q6K { [0, 1, 2, 3, 4, 5, 6, 7] } else { [0, 2, 1, 3, 4, 6, 5, 7] };
+    out.clear();
+    for xs in x.chunks_exact(8) {
+        let mut p = XSuper::ZERO;
+        for (j, pair) in p.qs.iter_mut().enumerate() {
+            pair[..32].copy_from_slice(&xs[order[2 * j]].qs);
+            pair[32..].copy_from_slice(&xs[order[2 * j + 1]].qs);
+        }
+        for (i, s) in p.bsum.iter_mut().enumerate() {
+            *s = xs[i / 2].qs[16 * (i % 2)..16 * (i % 2) + 16].iter().map(|&v| v as i16).sum();
+        }
+        p.d = xs[0].d;
+        out.push(p);
+    }
+}
+
+/// Two blocks' weights as unsigned bytes (block 0's 32 elements, then block 1's), with each block's scale
+/// `d` and correction `c`; when `single`, only block 0 is read and block 1 is all zero.
+#[inline(always)]
+unsafe fn unpack_pair<const T: u8>(b: *const u8, single: bool) -> (__m512i, [f32; 2], [f32; 2]) {
+    let b1 = b.add(block_bytes(T));
+    let d = [f16(b), if single { 0.0 } else { f16(b1) }];
+    if T == Q8_0 {
+        let lo = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let hi = if single { _mm256_setzero_si256() } else { _mm256_loadu_si256(b1.add(2) as *const __m256i) };
+        let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        return (_mm512_xor_si512(w, _mm512_set1_epi8(-128)), d, [-128.0 * d[0], -128.0 * d[1]]);
+    }
+    let at = match T {
+        Q4_1 => 4,
+        Q5_0 => 6,
+        _ => 2,
+    };
+    let lo = _mm_loadu_si128(b.add(at) as *const __m128i);
+    let hi = if single { _mm_setzero_si128() } else { _mm_loadu_si128(b1.add(at) as *const __m128i) };
+    // [q0, q1] → [q0, q0, q1, q1] per 128-bit lane, then the odd lanes shifted right by 4: low nibbles
+    // (elements 0..16) and high nibbles (16..32) of each block.
+    let y = _mm512_castsi256_si512(_mm256_set_m128i(hi, lo));
+    let z = _mm512_shuffle_i64x2::<0b01_01_00_00>(y, y);
+    let shifts = _mm512_set_epi64(W4, W4, 0, 0, W4, W4, 0, 0);
+    let mut u = _mm512_and_si512(_mm512_srlv_epi16(z, shifts), _mm512_set1_epi8(0x0F));
+    if T == Q5_0 {
+        // The fifth bits: bit i of a block's `qh` belongs to its element i.
+        let h0 = std::ptr::read_unaligned(b.add(2) as *const u32) as u64;
+        let h1 = if single { 0 } else { std::ptr::read_unaligned(b1.add(2) as *const u32) as u64 };
+        u = _mm512_mask_add_epi8(u, h0 | (h1 << 32), u, _mm512_set1_epi8(16));
+    }
+    let c = match T {
+        Q4_1 => [f16(b.add(2)), if single { 0.0 } else { f16(b1.add(2)) }],
+        Q5_0 => [-16.0 * d[0], -16.0 * d[1]],
+        _ => [-8.0 * d[0], -8.0 * d[1]],
+    };
+    (u, d, c)
+}
+
+/// The lanes of each accumulator added up.
+#[inline(always)]
+unsafe fn sums<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32; C]; R] {
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+        }
+    }
+    out
+}
+
+/// Shift counts of 2 and 4 in every 16-bit lane of a 64-bit lane.
+const W2: i64 = 0x0002_0002_0002_0002;
+const W4: i64 = 0x0004_0004_0004_0004;
+
+/// `[a; 8] ++ [b; 8]`.
+#[inline(always)]
+unsafe fn halves(v: [f32; 2]) -> __m512 {
+    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(v[0]), _mm512_set1_ps(v[1]))
+}
+
+/// A tile of 32-element block types: `out[r][c] = W[r] · X[c]` for rows `stride` bytes apart and tokens
+/// `x_stride` blocks apart, `blocks` blocks each.
+#[inline(always)]
+unsafe fn tile_impl<const T: u8, const R: usize, const C: usize>(
+    w: *const u8,
+    stride: usize,
+    x: *const Q8Block,
+    x_stride: usize,
+    blocks: usize,
+) -> [[f32; C]; R] {
+    let bb = block_bytes(T);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let mut i = 0;
+    while i < blocks {
+        let single = i + 1 == blocks;
+        let mut qx = [_mm512_setzero_si512(); C];
+        let mut dx = [_mm512_setzero_ps(); C];
+        let mut sx = [_mm512_setzero_ps(); C];
+        for c in 0..C {
+            let b0 = &*x.add(c * x_stride + i);
+            let lo = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
+            let (hi, d1, s1) = if single {
+                (_mm256_setzero_si256(), 0.0, 0.0)
+            } else {
+                let b1 = &*x.add(c * x_stride + i + 1);
+                (_mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i), b1.d, b1.d * b1.sum as f32)
+            };
+            qx[c] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+            dx[c] = halves([b0.d, d1]);
+            // The corrections' activation sums, once per block: lanes 0 and 8.
+            sx[c] = _mm512_maskz_mov_ps(0x0101, halves([b0.d * b0.sum as f32, s1]));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = w.add(r * stride + i * bb);
+            prefetch_next_rows::<R>(b, stride, (2 * bb).div_ceil(64));
+            let (u, d, cw) = unpack_pair::<T>(b, single);
+            let (dw, cw) = (halves(d), halves(cw));
+            for c in 0..C {
+                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, qx[c]);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[c]), acc[c]);
+                acc[c] = _mm512_fmadd_ps(cw, sx[c], acc[c]);
+            }
+        }
+        i += 2;
+    }
+    sums(&acc)
+}
+
+/// One K-quant super-block's weights: four 64-byte pairs of sub-blocks as unsigned bytes (in [`XSuper`]'s
+/// order), the i16 scale of each of their 16-bit lanes, the 16 values that multiply the token's 16-element
+/// sums (Q4_K/Q5_K: each minimum twice; Q6_K: the scales) with their factor, and the scale `d`.
+#[inline(always)]
+unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4], __m256i, f32, f32) {
+    let m4 = _mm512_set1_epi8(0x0F);
+    if T == Q6K {
+        let d = f16(b.add(208));
+        let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+        let scz = _mm512_castsi256_si512(sc);
+        // Pair j covers scales 4j .. 4j+4, 8 lanes each. (Loops, not closures: a closure would not inherit
+        // the caller's target features, and each intrinsic would become a call.)
+        let mut s = [_mm512_setzero_si512(); 4];
+        for (j, s) in s.iter_mut().enumerate() {
+            let j = j as i16 * 4;
+            let idx = _mm512_set_epi16(
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 3,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 2,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 1,
+                j + 1,
+                j,
+                j,
+                j,
+                j,
+                j,
+                j,
+                j,
+                j,
+            );
+            *s = _mm512_permutexvar_epi16(idx, scz);
+        }
+        let m30 = _mm512_set1_epi8(0x30);
+        let mut u = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            // ql of quarters 0|1 (low nibbles) and 2|3 (high nibbles); qh's bit pairs 0,1|2,3 and 4,5|6,7.
+            let l = _mm512_loadu_si512(b.add(64 * h) as *const __m512i);
+            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * h) as *const __m256i));
+            let up = _mm512_sllv_epi16(qh, _mm512_set_epi64(W2, W2, W2, W2, W4, W4, W4, W4));
+            let down = _mm512_srlv_epi16(qh, _mm512_set_epi64(W2, W2, W2, W2, 0, 0, 0, 0));
+            u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(up, m30));
+            u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(down, m30));
+        }
+        return (u, s, sc, d, -32.0 * d);
+    }
+    let (d, dmin) = (f16(b), f16(b.add(2)));
+    let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+    let scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(sc))));
+    // Pairs 0+2, 1+3, 4+6, 5+7: 16 lanes each.
+    let mut s = [_mm512_setzero_si512(); 4];
+    for (j, s) in s.iter_mut().enumerate() {
+        let a = [0i16, 1, 4, 5][j];
+        let b = a + 2;
+        let idx = _mm512_set_epi16(
+            b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a,
+        );
+        *s = _mm512_permutexvar_epi16(idx, scz);
+    }
+    let mv = _mm_cvtsi64_si128(i64::from_le_bytes(mn));
+    let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+    let qs = if T == Q5K { 48 } else { 16 };
+    let a = _mm512_loadu_si512(b.add(qs) as *const __m512i);
+    let c = _mm512_loadu_si512(b.add(qs + 64) as *const __m512i);
+    let mut u = [
+        _mm512_and_si512(a, m4),
+        _mm512_and_si512(_mm512_srli_epi16(a, 4), m4),
+        _mm512_and_si512(c, m4),
+        _mm512_and_si512(_mm512_srli_epi16(c, 4), m4),
+    ];
+    if T == Q5K {
+        // Bit s of qh[l] is the fifth bit of element l of sub-block s.
+        let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16) as *const __m256i));
+        for (j, u) in u.iter_mut().enumerate() {
+            let (lo, hi) = ([0, 1, 4, 5][j], [2, 3, 6, 7][j]);
+            let bit = _mm512_mask_blend_epi8(
+                0xFFFF_FFFF_0000_0000,
+                _mm512_set1_epi8((1u8 << lo) as i8),
+                _mm512_set1_epi8((1u8 << hi) as i8),
+            );
+            *u = _mm512_mask_add_epi8(*u, _mm512_test_epi8_mask(qh, bit), *u, _mm512_set1_epi8(16));
+        }
+    }
+    (u, s, mins, d, -dmin)
+}
+
+/// A tile of K-quant super-blocks against packed activations (`x_stride` super-blocks between tokens).
+#[inline(always)]
+unsafe fn tile_k_impl<const T: u8, const R: usize, const C: usize>(
+    w: *const u8,
+    stride: usize,
+    x: *const XSuper,
+    x_stride: usize,
+    supers: usize,
+) -> [[f32; C]; R] {
+    let bb = block_bytes(T);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for sb in 0..supers {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let b = w.add(r * stride + sb * bb);
+            prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
+            let (u, s, m, d, dm) = unpack_super::<T>(b);
+            let (d, dm) = (_mm512_set1_ps(d), _mm512_set1_ps(dm));
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let xp = &*x.add(c * x_stride + sb);
+                let mut sumi = _mm512_setzero_si512();
+                for ((u, q), s) in u.iter().zip(&xp.qs).zip(&s) {
+                    let q = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
+                    sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(*u, q), *s);
+                }
+                let mm = _mm256_madd_epi16(m, _mm256_loadu_si256(xp.bsum.as_ptr() as *const __m256i));
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), d);
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), dm, v);
+                *acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xp.d), *acc);
+            }
+        }
+    }
+    sums(&acc)
+}
+
+/// `R × C` dot products of 32-element block rows with quantized activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn tile<const T: u8, const R: usize, const C: usize>(
+    w: *const u8,
+    stride: usize,
+    x: *const Q8Block,
+    x_stride: usize,
+    blocks: usize,
+) -> [[f32; C]; R] {
+    tile_impl::<T, R, C>(w, stride, x, x_stride, blocks)
+}
+
+/// `R × C` dot products of K-quant rows with packed activation rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn tile_k<const T: u8, const R: usize, const C: usize>(
+    w: *const u8,
+    stride: usize,
+    x: *const XSuper,
+    x_stride: usize,
+    supers: usize,
+) -> [[f32; C]; R] {
+    tile_k_impl::<T, R, C>(w, stride, x, x_stride, supers)
+}
+
+/// Whether this CPU runs these kernels.
+pub(super) fn detected() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Eight 32-element blocks of one weight row, laid out for the batched kernel [`tile_groups`]: 32-bit lane
+/// `2b + h` of `u[j]` holds elements `16h + 4j .. 16h + 4j + 4` of block `b` as unsigned bytes, so four
+/// `vpdpbusd` leave each lane with the sum over one half-block and a whole group costs one conversion to
+/// f32 per tile cell (instead of one per pair of blocks); `d` and `c` hold each block's scale and Q4_1's
+/// minimum in the block's two lanes. Blocks past the row's end are zero.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct WGroup {
+    u: [[u32; 16]; 4],
+    d: [f32; 16],
+    c: [f32; 16],
+}
+
+/// The matching eight blocks of one token's activations: `q` interleaved as the weights; `init` the
+/// offset types' correction as each lane's starting value (−offset × the lane's 16 activations' sum, so
+/// the lane ends with `Σ (u − offset)·qx`); `d` each block's scale in its two lanes; `s` = `d·Σ qx` in the
+/// block's first lane (for Q4_1's minimum).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct XGroup {
+    q: [[i32; 16]; 4],
+    init: [i32; 16],
+    d: [f32; 16],
+    s: [f32; 16],
+}
+
+impl XGroup {
+    pub(crate) fn zeroed() -> Self {
+        XGroup { q: [[0; 16]; 4], init: [0; 16], d: [0.0; 16], s: [0.0; 16] }
+    }
+}
+
+/// Blocks per group.
+pub(crate) const GROUP: usize = 8;
+
+/// The block types' offsets (`w = d·(u − offset)`); Q4_1, Q4_K and Q5_K have minimums instead.
+fn offset(t: u8) -> i32 {
+    match t {
+        Q8_0 => 128,
+        Q5_0 => 16,
+        Q6K => 32,
+        Q4_1 | Q4K | Q5K => 0,
+        _ => 8,
+    }
+}
+
+/// Packs one token's activation row (`blocks` blocks) into `out` (`blocks.div_ceil(GROUP)` groups).
+pub(crate) fn pack_groups(t: u8, x: &[Q8Block], out: &mut [XGroup]) {
+    let o = offset(t);
+    for (xs, g) in x.chunks(GROUP).zip(out.iter_mut()) {
+        *g = XGroup { q: [[0; 16]; 4], init: [0; 16], d: [0.0; 16], s: [0.0; 16] };
+        for (b, xb) in xs.iter().enumerate() {
+            for h in 0..2 {
+                let l = 2 * b + h;
+                for j in 0..4 {
+                    let e = 16 * h + 4 * j;
+                    g.q[j][l] = i32::from_le_bytes([
+                        xb.qs[e] as u8,
+                        xb.qs[e + 1] as u8,
+                        xb.qs[e + 2] as u8,
+                        xb.qs[e + 3] as u8,
+                    ]);
+                }
+                g.init[l] = -o * xb.qs[16 * h..16 * h + 16].iter().map(|&v| v as i32).sum::<i32>();
+                g.d[l] = xb.d;
+            }
+            g.s[2 * b] = xb.d * xb.sum as f32;
+        }
+    }
+}
+
+/// Packs rows `rows` of a matrix of type `T` (`row_bytes` apart, `blocks` blocks each) into `out`,
+/// `blocks.div_ceil(GROUP)` groups per row.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack_weight_groups_impl<const T: u8>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    blocks: usize,
+    out: &mut Vec<WGroup>,
+) {
+    let bb = block_bytes(T);
+    let groups = blocks.div_ceil(GROUP);
+    out.clear();
+    out.resize(rows * groups, WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] });
+    let mut bytes = [0u32; 16];
+    for r in 0..rows {
+        let row = w.add(r * row_bytes);
+        for i in (0..blocks).step_by(2) {
+            let single = i + 1 == blocks;
+            let (u, d, c) = unpack_pair::<T>(row.add(i * bb), single);
+            _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, u);
+            let g = &mut out[r * groups + i / GROUP];
+            for k in 0..2 {
+                let b = (i + k) % GROUP;
+                for h in 0..2 {
+                    for j in 0..4 {
+                        // Element 16h + 4j of block k is 32-bit word 8k + 4h + j of the pair.
+                        g.u[j][2 * b + h] = bytes[8 * k + 4 * h + j];
+                    }
+                    g.d[2 * b + h] = d[k];
+                    g.c[2 * b + h] = c[k];
+                }
+            }
+        }
+    }
+}
+
+/// Packs rows of K-quant super-blocks like [`pack_weight_groups_impl`], one group per super-block: each
+/// 32-element sub-block becomes a block with a float scale (`d·scale`) and, for Q4_K and Q5_K, a float
+/// minimum (`−dmin·min`); Q6_K's 16-element scales fill the two lanes of a block separately.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn pack_weight_supers_impl<const T: u8>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    supers: usize,
+    out: &mut Vec<WGroup>,
+) {
+    let bb = block_bytes(T);
+    out.clear();
+    out.resize(rows * supers, WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] });
+    let order: [usize; 8] = if T == Q6K { [0, 1, 2, 3, 4, 5, 6, 7] } else { [0, 2, 1, 3, 4, 6, 5, 7] };
+    let mut bytes = [0u32; 16];
+    for r in 0..rows {
+        for sb in 0..supers {
+            let b = w.add(r * row_bytes + sb * bb);
+            let (u, ..) = unpack_super::<T>(b);
+            let g = &mut out[r * supers + sb];
+            for (j, u) in u.iter().enumerate() {
+                _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, *u);
+                for k in 0..2 {
+                    let s = order[2 * j + k];
+                    for h in 0..2 {
+                        for i in 0..4 {
+                            g.u[i][2 * s + h] = bytes[8 * k + 4 * h + i];
+                        }
+                    }
+                }
+            }
+            if T == Q6K {
+                let d = f16(b.add(208));
+                for (l, v) in g.d.iter_mut().enumerate() {
+                    *v = d * *(b.add(192 + l) as *const i8) as f32;
+                }
+            } else {
+                let (d, dmin) = (f16(b), f16(b.add(2)));
+                let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+                for l in 0..16 {
+                    g.d[l] = d * sc[l / 2] as f32;
+                    g.c[l] = -dmin * mn[l / 2] as f32;
+                }
+            }
+        }
+    }
+}
+
+/// [`pack_weight_groups_impl`] (or, for the K-quants, [`pack_weight_supers_impl`]) for a type code known
+/// at run time.
+///
+/// # Safety
+/// The CPU has the AVX-512 tier, and `rows` rows of `row_bytes` bytes (`blocks` blocks) lie at `w`.
+pub(crate) unsafe fn pack_weight_groups(
+    t: u8,
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    blocks: usize,
+    out: &mut Vec<WGroup>,
+) {
+    match t {
+        Q4_1 => pack_weight_groups_impl::<Q4_1>(w, row_bytes, rows, blocks, out),
+        Q5_0 => pack_weight_groups_impl::<Q5_0>(w, row_bytes, rows, blocks, out),
+        Q8_0 => pack_weight_groups_impl::<Q8_0>(w, row_bytes, rows, blocks, out),
+        Q4K => pack_weight_supers_impl::<Q4K>(w, row_bytes, rows, blocks / GROUP, out),
+        Q5K => pack_weight_supers_impl::<Q5K>(w, row_bytes, rows, blocks / GROUP, out),
+        Q6K => pack_weight_supers_impl::<Q6K>(w, row_bytes, rows, blocks / GROUP, out),
+        _ => pack_weight_groups_impl::<Q4_0>(w, row_bytes, rows, blocks, out),
+    }
+}
+
+/// `R × C` dot products of packed weight rows (`w_stride` groups apart) with packed tokens (`x_stride`
+/// groups apart), `groups` groups long; `MIN` adds Q4_1's minimums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn tile_groups<const MIN: bool, const R: usize, const C: usize>(
+    w: *const WGroup,
+    w_stride: usize,
+    x: *const XGroup,
+    x_stride: usize,
+    groups: usize,
+) -> [[f32; C]; R] {
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for g in 0..groups {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let wg = &*w.add(r * w_stride + g);
+            let mut u = [_mm512_setzero_si512(); 4];
+            for (u, src) in u.iter_mut().zip(&wg.u) {
+                *u = _mm512_loadu_si512(src.as_ptr() as *const __m512i);
+            }
+            let d = _mm512_loadu_ps(wg.d.as_ptr());
+            let m = if MIN { _mm512_loadu_ps(wg.c.as_ptr()) } else { _mm512_setzero_ps() };
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let xg = &*x.add(c * x_stride + g);
+                let mut p = _mm512_loadu_si512(xg.init.as_ptr() as *const __m512i);
+                for (u, q) in u.iter().zip(&xg.q) {
+                    p = _mm512_dpbusd_epi32(p, *u, _mm512_loadu_si512(q.as_ptr() as *const __m512i));
+                }
+                let scale = _mm512_mul_ps(d, _mm512_loadu_ps(xg.d.as_ptr()));
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, *acc);
+                if MIN {
+                    *acc = _mm512_fmadd_ps(m, _mm512_loadu_ps(xg.s.as_ptr()), *acc);
+                }
+            }
+        }
+    }
+    sums(&acc)
+}
