@@ -1,7 +1,7 @@
 //! Quantized matrix × vector (decode) and matrix × matrix (prefill) on the CPU, for each quantization type
 //! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536) and Qwen2.5-0.5B (896 → 4864):
 //! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports; `cpu_reagent_prefill`, AMX
-//! bf16 tiles against dequantize + f32 GEMM) and candle's (`cpu_qmatvec`).
+//! bf16 tiles and the integer prefill of each tier against dequantize + f32 GEMM) and candle's (`cpu_qmatvec`).
 
 use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -61,8 +61,9 @@ fn reagent_kernels(c: &mut Criterion) {
     }
     g.finish();
 
-    // Prefill of a 512-token batch (and a 16-token one): the AMX bf16 path where the CPU has it, against
-    // dequantizing to f32 and candle's GEMM (what runs elsewhere). Throughput counts multiply-adds.
+    // Prefill of a 512-token batch (and a 16-token one): the AMX bf16 path where the CPU has it and the
+    // integer prefill on every tier that has one, against dequantizing to f32 and candle's GEMM.
+    // Throughput counts multiply-adds.
     for (k, n) in [(896usize, 4864usize), (4864, 896)] {
         for m in [16usize, 512] {
             let mut g = c.benchmark_group(format!("cpu_reagent_prefill_{m}x{k}x{n}"));
@@ -79,6 +80,14 @@ fn reagent_kernels(c: &mut Criterion) {
                 if amx::available() && amx::supports(t, n, k) {
                     g.bench_function(BenchmarkId::new("amx_bf16", format!("{ty:?}")), |b| {
                         b.iter(|| amx::matmul_t(t, &w, n, k, &xs))
+                    });
+                }
+                for tier in Tier::supported().into_iter().filter(|&tier| tier != Tier::Scalar) {
+                    if tier == Tier::Avx2 && t == BlockType::Q8_0 {
+                        continue; // no AVX2 integer kernel for Q8_0: it takes the f32 GEMM
+                    }
+                    g.bench_function(BenchmarkId::new(format!("int8_{}", tier.name()), format!("{ty:?}")), |b| {
+                        b.iter(|| kernels::matmul_on(tier, t, &w, n, k, &xs))
                     });
                 }
                 g.bench_function(BenchmarkId::new("f32_gemm", format!("{ty:?}")), |b| {

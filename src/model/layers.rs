@@ -89,8 +89,8 @@ pub(crate) struct Linear {
 /// Decode steps (one row) and short forced-token batches keep the quantized mat-vec.
 pub(crate) const MATMUL_BATCH_MIN: usize = 16;
 
-/// The same threshold for the integer prefill (`kernels::matmul`, AVX-512): its 4 × 4 tiles read each
-/// weight block once per 4 tokens where the mat-vec reads it once per token.
+/// The same threshold for the integer prefill (`kernels::matmul`): its tiles read each weight block once
+/// per 2 tokens, after packing the weights once per call, where the mat-vec reads it once per token.
 pub(crate) const INT_BATCH_MIN: usize = 4;
 
 /// The same threshold for weights the AMX path takes. Its cost at small batches is preparing the weights
@@ -128,7 +128,12 @@ impl Linear {
             Weight::Mapped { t, .. } => !self.reference && x.device().is_cpu() && amx_ok(*t, self.w.dims()?),
             Weight::Candle(_) => false,
         };
-        let on_int = !on_amx && !self.reference && x.device().is_cpu() && kernels::int_matmul_available();
+        let on_int = match &self.w {
+            Weight::Mapped { t, .. } => {
+                !on_amx && !self.reference && x.device().is_cpu() && kernels::int_matmul_supports(*t)
+            }
+            Weight::Candle(_) => false,
+        };
         let min_rows = match (on_amx, on_int) {
             (true, _) => AMX_BATCH_MIN,
             (_, true) => INT_BATCH_MIN,

@@ -21,13 +21,14 @@ use candle_core::Device;
 pub use layers::Hparams;
 
 /// How prompt-sized batches are multiplied on the CPU: `amx_bf16` (the AMX tile unit, where the CPU and
-/// kernel allow it and `REAGENT_KERNELS` does not cap it), `int8_avx512` (activations quantized to 8 bits
-/// and VNNI tiles, on the AVX-512 tier) or `f32_gemm` (weights dequantized to f32).
+/// kernel allow it and `REAGENT_KERNELS` does not cap it), `int8_avx512`, `int8_vnni` or `int8_avx2`
+/// (activations quantized to 8 bits, integer dot products in tiles of rows × tokens; Q8_0 matrices take
+/// the f32 GEMM on AVX2) or `f32_gemm` (weights dequantized to f32).
 pub fn prefill_kernel() -> &'static str {
     if amx::available() {
         "amx_bf16"
-    } else if kernels::int_matmul_available() {
-        "int8_avx512"
+    } else if let Some(name) = kernels::int_matmul_name() {
+        name
     } else {
         "f32_gemm"
     }

@@ -1,8 +1,9 @@
-//! The x86-64 kernels (AVX2 + FMA + F16C, and AVX-VNNI byte dot products), const-generic over the block
-//! type; chosen at run time by the tier in the parent module.
+//! The x86-64 kernels on 256-bit registers (AVX2 + FMA + F16C, with AVX-VNNI or 256-bit AVX-512 VNNI byte
+//! dot products), const-generic over the block type; chosen at run time by the tier in the parent module.
 
 use std::arch::x86_64::*;
 
+use super::avx512::{WGroup, XGroup};
 use super::{BlockType, Q8Block};
 
 // Type codes for the const-generic kernels (a `match` on them folds away).
@@ -90,14 +91,20 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
+/// How a 256-bit byte dot product runs: AVX2's `maddubs` + `madd`, AVX-VNNI's `vpdpbusd` (VEX), or
+/// AVX-512 VNNI's 256-bit `vpdpbusd` (EVEX, with AVX-512 VL: Zen 4/5 and Xeons without AVX-VNNI).
+pub(super) const MADDUBS: u8 = 0;
+pub(super) const AVX_VNNI: u8 = 1;
+pub(super) const EVEX_VNNI: u8 = 2;
+
 /// `Σ u·s` over 32 lanes of unsigned × signed bytes, as 8 × i32: one VNNI instruction, or AVX2's
 /// maddubs (pairs to i16, cannot overflow for |u| ≤ 128, |s| ≤ 127) + madd.
 #[inline(always)]
-unsafe fn dot_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
-    if VNNI {
-        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
-    } else {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+unsafe fn dot_us<const V: u8>(u: __m256i, s: __m256i) -> __m256i {
+    match V {
+        AVX_VNNI => _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s),
+        EVEX_VNNI => _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s),
+        _ => _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
     }
 }
 
@@ -106,21 +113,21 @@ unsafe fn dot_us<const VNNI: bool>(u: __m256i, s: __m256i) -> __m256i {
 /// the offset of Q4_0 (u − 8) and Q5_0 (u − 16) times `d`, or Q4_1's minimum. Keeping those weights
 /// unsigned saves the subtraction and two sign instructions per block a signed product would need.
 #[inline(always)]
-unsafe fn block<const T: u8, const VNNI: bool>(b: *const u8, qx: __m256i) -> (__m256i, f32, f32) {
+unsafe fn block<const T: u8, const V: u8>(b: *const u8, qx: __m256i) -> (__m256i, f32, f32) {
     let d = f16(b);
     match T {
-        Q4_0 => (dot_us::<VNNI>(nibbles(b.add(2)), qx), d, -8.0 * d),
-        Q4_1 => (dot_us::<VNNI>(nibbles(b.add(4)), qx), d, f16(b.add(2))),
+        Q4_0 => (dot_us::<V>(nibbles(b.add(2)), qx), d, -8.0 * d),
+        Q4_1 => (dot_us::<V>(nibbles(b.add(4)), qx), d, f16(b.add(2))),
         Q5_0 => {
             let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
-            (dot_us::<VNNI>(_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), qx), d, -16.0 * d)
+            (dot_us::<V>(_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), qx), d, -16.0 * d)
         }
         _ => {
             // Signed weights: their sign moves onto the activations (`|w| · ±qx`). Measured faster than
             // offsetting them to unsigned (xor 0x80), which maddubs could not take anyway (255 × 127
             // pairs overflow i16).
             let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
-            (dot_us::<VNNI>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), d, 0.0)
+            (dot_us::<V>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), d, 0.0)
         }
     }
 }
@@ -128,7 +135,7 @@ unsafe fn block<const T: u8, const VNNI: bool>(b: *const u8, qx: __m256i) -> (__
 /// Dot products of `R` weight rows (starting at `rows`, `stride` bytes apart) with `x`: the activation
 /// block is loaded once for all rows, and the rows' accumulators are independent chains.
 #[inline(always)]
-unsafe fn rows_dot_impl<const T: u8, const R: usize, const VNNI: bool>(
+unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
     rows: *const u8,
     stride: usize,
     x: &[Q8Block],
@@ -141,7 +148,7 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const VNNI: bool>(
         let sx = xb.d * xb.sum as f32;
         for r in 0..R {
             prefetch_next_rows::<R>(rows.add(r * stride + i * bb), stride, 1);
-            let (p, d, c) = block::<T, VNNI>(rows.add(r * stride + i * bb), qx);
+            let (p, d, c) = block::<T, V>(rows.add(r * stride + i * bb), qx);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb.d), acc[r]);
             mins[r] += c * sx;
         }
@@ -374,7 +381,17 @@ pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(rows: *const u8, stride: usize, x: &[Q8Block]) -> [f32; R] {
-    rows_dot_impl::<T, R, false>(rows, stride, x)
+    rows_dot_impl::<T, R, MADDUBS>(rows, stride, x)
+}
+
+/// The 32-element block kernels on 256-bit AVX-512 VNNI (the AVX-512 tier's Q8_0 decode).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_dot_vnni512<const T: u8, const R: usize>(
+    rows: *const u8,
+    stride: usize,
+    x: &[Q8Block],
+) -> [f32; R] {
+    rows_dot_impl::<T, R, EVEX_VNNI>(rows, stride, x)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
@@ -383,7 +400,7 @@ pub(super) unsafe fn rows_dot_vnni<const T: u8, const R: usize>(
     stride: usize,
     x: &[Q8Block],
 ) -> [f32; R] {
-    rows_dot_impl::<T, R, true>(rows, stride, x)
+    rows_dot_impl::<T, R, AVX_VNNI>(rows, stride, x)
 }
 
 /// [`super::quantize_groups`]: the same scale, products and rounding (ties to even), 8 lanes at a time.
@@ -419,5 +436,202 @@ pub(super) unsafe fn quantize_groups(x: &[f32], out: &mut [Q8Block], group: usiz
             b.d = d;
             b.sum = _mm_cvtsi128_si32(s1);
         }
+    }
+}
+
+/// The batched product's tile (see `avx512::tile_groups`) on 256-bit registers: each group of 8 blocks as
+/// two halves of 4 blocks. Without VNNI a byte dot product is `maddubs` (pair sums as i16) and `madd` (to
+/// i32); when the weights are at most 31 (`SUM16`: every type but Q6_K's 0..63 and Q8_0's 0..255), the
+/// four `maddubs` of a lane add up as i16 without overflow (4 × 2 × 31 × 127 < 2¹⁵) and take one `madd`.
+/// Q8_0 needs VNNI (`maddubs` of 255 × 127 pairs would saturate).
+#[inline(always)]
+unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool, const R: usize, const C: usize>(
+    w: *const WGroup,
+    w_stride: usize,
+    x: *const XGroup,
+    x_stride: usize,
+    groups: usize,
+) -> [[f32; C]; R] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); C]; R];
+    for g in 0..groups {
+        for h in 0..2 {
+            let at = 8 * h;
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let wg = &*w.add(r * w_stride + g);
+                let mut u = [_mm256_setzero_si256(); 4];
+                for (u, src) in u.iter_mut().zip(&wg.u) {
+                    *u = _mm256_loadu_si256(src.as_ptr().add(at) as *const __m256i);
+                }
+                let d = _mm256_loadu_ps(wg.d.as_ptr().add(at));
+                let m = if MIN { _mm256_loadu_ps(wg.c.as_ptr().add(at)) } else { _mm256_setzero_ps() };
+                for (c, acc) in acc.iter_mut().enumerate() {
+                    let xg = &*x.add(c * x_stride + g);
+                    // (No closure for the loads: it would not inherit the target features.)
+                    let mut qv = [_mm256_setzero_si256(); 4];
+                    for (q, src) in qv.iter_mut().zip(&xg.q) {
+                        *q = _mm256_loadu_si256(src.as_ptr().add(at) as *const __m256i);
+                    }
+                    let mut p = _mm256_loadu_si256(xg.init.as_ptr().add(at) as *const __m256i);
+                    if VNNI {
+                        for (j, u) in u.iter().enumerate() {
+                            p = _mm256_dpbusd_avx_epi32(p, *u, qv[j]);
+                        }
+                    } else if SUM16 {
+                        let s01 =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(u[0], qv[0]), _mm256_maddubs_epi16(u[1], qv[1]));
+                        let s23 =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(u[2], qv[2]), _mm256_maddubs_epi16(u[3], qv[3]));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
+                    } else {
+                        let s01 =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(u[0], qv[0]), _mm256_maddubs_epi16(u[1], qv[1]));
+                        let s23 =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(u[2], qv[2]), _mm256_maddubs_epi16(u[3], qv[3]));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(s01, ones));
+                        p = _mm256_add_epi32(p, _mm256_madd_epi16(s23, ones));
+                    }
+                    let scale = _mm256_mul_ps(d, _mm256_loadu_ps(xg.d.as_ptr().add(at)));
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, *acc);
+                    if MIN {
+                        *acc = _mm256_fmadd_ps(m, _mm256_loadu_ps(xg.s.as_ptr().add(at)), *acc);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            out[r][c] = hsum(acc[r][c]);
+        }
+    }
+    out
+}
+
+/// [`tile_groups_impl`] on AVX2 (`maddubs`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn tile_groups<const SUM16: bool, const MIN: bool, const R: usize, const C: usize>(
+    w: *const WGroup,
+    w_stride: usize,
+    x: *const XGroup,
+    x_stride: usize,
+    groups: usize,
+) -> [[f32; C]; R] {
+    tile_groups_impl::<false, SUM16, MIN, R, C>(w, w_stride, x, x_stride, groups)
+}
+
+/// [`tile_groups_impl`] on AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn tile_groups_vnni<const MIN: bool, const R: usize, const C: usize>(
+    w: *const WGroup,
+    w_stride: usize,
+    x: *const XGroup,
+    x_stride: usize,
+    groups: usize,
+) -> [[f32; C]; R] {
+    tile_groups_impl::<true, false, MIN, R, C>(w, w_stride, x, x_stride, groups)
+}
+
+/// The unsigned bytes of block `i` of a row of type `T` (a 32-element block, or a K-quant's sub-block), as
+/// `super::unsigned_block` gives them, 32 at a time.
+#[inline(always)]
+unsafe fn unsigned_block<const T: u8>(row: *const u8, i: usize) -> __m256i {
+    let m4 = _mm256_set1_epi8(0x0F);
+    match T {
+        Q4_0 | Q4_1 | Q5_0 | Q8_0 => {
+            let b = row.add(i * block_bytes(T));
+            match T {
+                Q4_0 => nibbles(b.add(2)),
+                Q4_1 => nibbles(b.add(4)),
+                Q5_0 => {
+                    _mm256_or_si256(nibbles(b.add(6)), fifth_bits(std::ptr::read_unaligned(b.add(2) as *const u32)))
+                }
+                _ => _mm256_xor_si256(_mm256_loadu_si256(b.add(2) as *const __m256i), _mm256_set1_epi8(-128)),
+            }
+        }
+        Q4K | Q5K => {
+            let (b, s) = (row.add(i / 8 * block_bytes(T)), i % 8);
+            let qs = if T == Q5K { 48 } else { 16 };
+            let v = _mm256_loadu_si256(b.add(qs + 32 * (s / 2)) as *const __m256i);
+            let mut u =
+                if s % 2 == 1 { _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) } else { _mm256_and_si256(v, m4) };
+            if T == Q5K {
+                let qh = _mm256_loadu_si256(b.add(16) as *const __m256i);
+                u = _mm256_or_si256(u, bit_as_16(qh, 1 << s));
+            }
+            u
+        }
+        _ => {
+            // Q6_K: quarter `s % 4` of half `s / 4`, as in `rows_dot_k_impl`.
+            let (b, s) = (row.add(i / 8 * block_bytes(T)), i % 8);
+            let (half, quarter) = (s / 4, s % 4);
+            let ql = _mm256_loadu_si256(b.add(64 * half + 32 * (quarter % 2)) as *const __m256i);
+            let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+            let low =
+                if quarter < 2 { _mm256_and_si256(ql, m4) } else { _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) };
+            let high = match quarter {
+                0 => _mm256_slli_epi16(qh, 4),
+                1 => _mm256_slli_epi16(qh, 2),
+                2 => qh,
+                _ => _mm256_srli_epi16(qh, 2),
+            };
+            _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
+        }
+    }
+}
+
+/// Packs rows for the batched product like `super::avx512::pack_weight_groups_portable`, unpacking the
+/// bytes with AVX2 (the scales come from the portable code, once per block).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_weight_groups_impl<const T: u8>(
+    t: BlockType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    blocks: usize,
+    out: &mut Vec<WGroup>,
+) {
+    let groups = blocks.div_ceil(8);
+    out.clear();
+    out.resize(rows * groups, WGroup::ZERO);
+    let mut words = [0u32; 8];
+    for r in 0..rows {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        for i in 0..blocks {
+            _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, unsigned_block::<T>(row.as_ptr(), i));
+            let (d, c) = super::block_scales(t, row, i);
+            let (g, b) = (&mut out[r * groups + i / 8], i % 8);
+            for h in 0..2 {
+                for j in 0..4 {
+                    g.u[j][2 * b + h] = words[4 * h + j];
+                }
+                g.d[2 * b + h] = d[h];
+                g.c[2 * b + h] = c;
+            }
+        }
+    }
+}
+
+/// [`pack_weight_groups_impl`] for a type known at run time.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `w` holds `rows` rows of `row_bytes` bytes (`blocks` blocks).
+pub(super) unsafe fn pack_weight_groups(
+    t: BlockType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    blocks: usize,
+    out: &mut Vec<WGroup>,
+) {
+    match code(t) {
+        Q4_0 => pack_weight_groups_impl::<Q4_0>(t, w, row_bytes, rows, blocks, out),
+        Q4_1 => pack_weight_groups_impl::<Q4_1>(t, w, row_bytes, rows, blocks, out),
+        Q5_0 => pack_weight_groups_impl::<Q5_0>(t, w, row_bytes, rows, blocks, out),
+        Q8_0 => pack_weight_groups_impl::<Q8_0>(t, w, row_bytes, rows, blocks, out),
+        Q4K => pack_weight_groups_impl::<Q4K>(t, w, row_bytes, rows, blocks, out),
+        Q5K => pack_weight_groups_impl::<Q5K>(t, w, row_bytes, rows, blocks, out),
+        _ => pack_weight_groups_impl::<Q6K>(t, w, row_bytes, rows, blocks, out),
     }
 }

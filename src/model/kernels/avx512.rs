@@ -340,9 +340,13 @@ pub(super) fn detected() -> bool {
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct WGroup {
-    u: [[u32; 16]; 4],
-    d: [f32; 16],
-    c: [f32; 16],
+    pub(super) u: [[u32; 16]; 4],
+    pub(super) d: [f32; 16],
+    pub(super) c: [f32; 16],
+}
+
+impl WGroup {
+    pub(crate) const ZERO: WGroup = WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] };
 }
 
 /// The matching eight blocks of one token's activations: `q` interleaved as the weights; `init` the
@@ -352,10 +356,10 @@ pub(crate) struct WGroup {
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct XGroup {
-    q: [[i32; 16]; 4],
-    init: [i32; 16],
-    d: [f32; 16],
-    s: [f32; 16],
+    pub(super) q: [[i32; 16]; 4],
+    pub(super) init: [i32; 16],
+    pub(super) d: [f32; 16],
+    pub(super) s: [f32; 16],
 }
 
 impl XGroup {
@@ -425,7 +429,7 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
             let (u, d, c) = unpack_pair::<T>(row.add(i * bb), single);
             _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, u);
             let g = &mut out[r * groups + i / GROUP];
-            for k in 0..2 {
+            for k in 0..if single { 1 } else { 2 } {
                 let b = (i + k) % GROUP;
                 for h in 0..2 {
                     for j in 0..4 {
@@ -484,6 +488,37 @@ unsafe fn pack_weight_supers_impl<const T: u8>(
                     g.d[l] = d * sc[l / 2] as f32;
                     g.c[l] = -dmin * mn[l / 2] as f32;
                 }
+            }
+        }
+    }
+}
+
+/// Packs rows like [`pack_weight_groups`] in portable code (each 32-element block or K-quant sub-block
+/// unpacked by [`super::unsigned_block`]): the reference the SIMD packers are tested against.
+#[cfg(test)]
+pub(crate) fn pack_weight_groups_portable(
+    t: super::BlockType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    blocks: usize,
+    out: &mut Vec<WGroup>,
+) {
+    let groups = blocks.div_ceil(GROUP);
+    out.clear();
+    out.resize(rows * groups, WGroup::ZERO);
+    for r in 0..rows {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        for i in 0..blocks {
+            let (u, d, c) = super::unsigned_block(t, row, i);
+            let (g, b) = (&mut out[r * groups + i / GROUP], i % GROUP);
+            for (h, &dh) in d.iter().enumerate() {
+                for j in 0..4 {
+                    let e = 16 * h + 4 * j;
+                    g.u[j][2 * b + h] = u32::from_le_bytes([u[e], u[e + 1], u[e + 2], u[e + 3]]);
+                }
+                g.d[2 * b + h] = dh;
+                g.c[2 * b + h] = c;
             }
         }
     }
