@@ -635,6 +635,9 @@ unsafe fn avx512_tile<const R: usize, const C: usize>(
     }
 }
 
+/// Row length (bytes) from which the SIMD mat-vecs take rows one at a time.
+const LONG_ROW: usize = 768;
+
 /// `out[i] = W[first + i] · x` for consecutive rows, on the best kernel available.
 #[allow(clippy::too_many_arguments)]
 fn rows_dot_into(
@@ -661,7 +664,11 @@ fn rows_dot_into(
         unsafe {
             let base = w.as_ptr().add(first * row_bytes);
             let (xq, xp) = (x.as_ptr(), packed.as_ptr());
-            while r + 4 <= n {
+            // Short rows go four at a time, sharing each activation load, with the next four prefetched;
+            // long rows one at a time, a sequential stream the hardware prefetcher follows (measured on
+            // Qwen 1.5B, 864 to 5040-byte K-quant rows: 28 tok/s against 19.6 four at a time).
+            let long = row_bytes >= LONG_ROW;
+            while r + 4 <= n && !long {
                 let y = avx512_tile::<4, 1>(t, base.add(r * row_bytes), row_bytes, xq, xp, 0, x.len());
                 for i in 0..4 {
                     out[r + i] = y[i][0];
@@ -686,9 +693,10 @@ fn rows_dot_into(
         // `w` (asserted).
         unsafe {
             let base = w.as_ptr().add(first * row_bytes);
+            let long = row_bytes >= LONG_ROW;
             macro_rules! run {
                 ($f:ident, $code:expr) => {{
-                    while r + 4 <= n {
+                    while r + 4 <= n && !long {
                         out[r..r + 4].copy_from_slice(&$f::<{ $code }, 4>(base.add(r * row_bytes), row_bytes, x));
                         r += 4;
                     }
