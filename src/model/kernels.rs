@@ -7,9 +7,14 @@
 //! inner loop is an integer dot product of weight nibbles/bytes with activation bytes; the block scales are
 //! applied once per block. The weight bytes are read in place, in GGUF's own block layout.
 //!
-//! Every kernel has a portable scalar version and an AVX2+FMA+F16C version chosen at run time; tests check
-//! that both agree, and that both agree with dequantize-then-f32. Rows are split across candle's spinning
-//! worker pool, which costs a few microseconds per call rather than rayon's tens.
+//! Every kernel has a portable scalar version and SIMD versions chosen at run time ([`Tier`]: AVX-512 VNNI,
+//! AVX-VNNI, AVX2); tests check that every tier the CPU has agrees with the scalar code, and the scalar
+//! code with dequantize-then-f32. Rows are split across candle's spinning worker pool, which costs a few
+//! microseconds per call rather than rayon's tens.
+//!
+//! Prompt-sized batches ([`matmul`]) use the same 8-bit activations: on the SIMD tiers the weights and
+//! the tokens are packed into groups of 8 blocks whose lanes interleave the blocks, and tiles of a few
+//! rows × a few tokens reuse every packed block across tokens.
 
 use candle_core::quantized::GgmlDType;
 
