@@ -308,11 +308,9 @@ mod tests {
     /// against the f32 product of the same dequantized weights; the bound is bf16's rounding of both
     /// inputs, 2 × 2⁻⁸ relative per product, over `k` products of random signs (√k growth) with margin.
     #[test]
+    #[cfg_attr(not(reagent_host_amx), ignore = "this CPU lacks AMX-TILE/AMX-BF16")]
     fn amx_product_matches_f32_on_dequantized_weights() {
-        if !available() {
-            eprintln!("skipped: no AMX on this machine");
-            return;
-        }
+        assert!(available(), "the CPU has AMX but Linux did not grant the tile state (or REAGENT_KERNELS caps it)");
         let types = [
             (GgmlDType::Q4_0, 96),
             (GgmlDType::Q4_1, 64),

@@ -973,21 +973,29 @@ mod tests {
                 dequantize_block(t, b, o);
             }
             assert_eq!(out, deq, "{ty:?}");
-            for tier in Tier::supported() {
-                let simd = dequantize_on(tier, t, &bytes, 3, 512);
-                // FMA rounds once where the scalar code rounds twice.
-                let close = simd.iter().zip(&deq).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
-                assert!(close, "{tier:?} {ty:?}");
-            }
+            assert_eq!(dequantize_on(Tier::Scalar, t, &bytes, 3, 512), deq, "{ty:?}");
         }
     }
 
+    /// A tier's whole-matrix dequantization against candle's.
+    fn check_dequantization(tier: Tier) {
+        for ty in TYPES {
+            let (bytes, deq) = matrix(ty, 3, 512, 1);
+            let simd = dequantize_on(tier, BlockType::of(ty).unwrap(), &bytes, 3, 512);
+            // FMA rounds once where the scalar code rounds twice.
+            let close = simd.iter().zip(&deq).all(|(a, b)| (a - b).abs() <= 1e-6 * (1.0 + b.abs()));
+            assert!(close, "{tier:?} {ty:?}");
+        }
+    }
+
+    /// Odd shapes: 1 block, many blocks, row counts that are not multiples of the work item, big enough
+    /// matrices to go through the worker pool, short and long rows.
+    const MATVEC_SHAPES: [(usize, usize); 7] =
+        [(1, 32), (7, 64), (33, 800), (300, 1024), (1, 256), (9, 768), (37, 2304)];
+
     #[test]
-    fn simd_matches_scalar_and_scalar_matches_dequantized_f32() {
-        report_missing_tiers();
-        // Odd shapes: 1 block, many blocks, row counts that are not multiples of the work item, and big
-        // enough matrices to go through the worker pool.
-        for (rows, cols) in [(1, 32), (7, 64), (33, 800), (300, 1024), (1, 256), (9, 768), (37, 2304)] {
+    fn scalar_matches_dequantized_f32() {
+        for (rows, cols) in MATVEC_SHAPES {
             for ty in TYPES {
                 let t = BlockType::of(ty).unwrap();
                 if cols % t.block_elems() != 0 {
@@ -998,26 +1006,9 @@ mod tests {
                 let mut xq = vec![Q8Block::default(); cols / QK];
                 quantize_row_q8_for(t, &x, &mut xq);
                 let row_bytes = w.len() / rows;
-                let ys: Vec<(Tier, Vec<f32>)> = Tier::supported()
-                    .into_iter()
-                    .map(|tier| {
-                        let mut y = vec![0f32; rows];
-                        matvec_on(tier, t, &w, rows, &xq, &mut y);
-                        (tier, y)
-                    })
-                    .collect();
                 for r in 0..rows {
-                    let row = &w[r * row_bytes..(r + 1) * row_bytes];
-                    let scalar = row_dot_scalar(t, row, &xq);
-                    for (tier, y) in &ys {
-                        // Same integer sums, different float summation order.
-                        assert!(
-                            (y[r] - scalar).abs() <= 1e-4 * (1.0 + scalar.abs()),
-                            "{tier:?} {ty:?} {rows}x{cols} row {r}: {} vs {scalar}",
-                            y[r]
-                        );
-                    }
-                    // Against f32: the only difference is the 8-bit rounding of x (≤ d_x/2 per element).
+                    let scalar = row_dot_scalar(t, &w[r * row_bytes..(r + 1) * row_bytes], &xq);
+                    // The only difference is the 8-bit rounding of x (≤ d_x/2 per element).
                     let exact: f32 = deq[r * cols..(r + 1) * cols].iter().zip(&x).map(|(a, b)| a * b).sum();
                     let bound: f32 = deq[r * cols..(r + 1) * cols]
                         .iter()
@@ -1033,10 +1024,35 @@ mod tests {
         }
     }
 
+    /// A tier's mat-vec against the scalar row dot products.
+    fn check_matvec(tier: Tier) {
+        for (rows, cols) in MATVEC_SHAPES {
+            for ty in TYPES {
+                let t = BlockType::of(ty).unwrap();
+                if cols % t.block_elems() != 0 {
+                    continue;
+                }
+                let (w, _) = matrix(ty, rows, cols, rows as u64 * 7 + cols as u64);
+                let mut xq = vec![Q8Block::default(); cols / QK];
+                quantize_row_q8_for(t, &random(cols, 99), &mut xq);
+                let row_bytes = w.len() / rows;
+                let mut y = vec![0f32; rows];
+                matvec_on(tier, t, &w, rows, &xq, &mut y);
+                for (r, y) in y.iter().enumerate() {
+                    let scalar = row_dot_scalar(t, &w[r * row_bytes..(r + 1) * row_bytes], &xq);
+                    // Same integer sums, different float summation order.
+                    assert!(
+                        (y - scalar).abs() <= 1e-4 * (1.0 + scalar.abs()),
+                        "{tier:?} {ty:?} {rows}x{cols} row {r}: {y} vs {scalar}"
+                    );
+                }
+            }
+        }
+    }
+
     /// One dispatch over several matrices (different types, row counts that end mid work item, enough
     /// bytes to go through the worker pool) gives each the same bits as its own `matvec_on`.
-    #[test]
-    fn fused_jobs_match_separate_products_bit_for_bit() {
+    fn check_fused_jobs(tier: Tier) {
         let cols = 512;
         let specs = [(GgmlDType::Q5_0, 333), (GgmlDType::Q4K, 70), (GgmlDType::Q8_0, 129), (GgmlDType::Q6K, 1)];
         let mats: Vec<(BlockType, Vec<u8>, usize)> = specs
@@ -1050,22 +1066,52 @@ mod tests {
             q
         };
         let xs: Vec<Vec<Q8Block>> = mats.iter().map(|(t, ..)| quantized(*t)).collect();
-        for tier in Tier::supported() {
-            let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.2]).collect();
-            let mut jobs: Vec<MatVecJob> = mats
-                .iter()
-                .zip(&xs)
-                .zip(ys.iter_mut())
-                .map(|(((t, w, rows), x), y)| MatVecJob { t: *t, w, rows: *rows, x, y })
-                .collect();
-            matvec_jobs_on(tier, &mut jobs);
-            drop(jobs);
-            for (((t, w, rows), x), y) in mats.iter().zip(&xs).zip(&ys) {
-                let mut alone = vec![0f32; *rows];
-                matvec_on(tier, *t, w, *rows, x, &mut alone);
-                assert_eq!(&alone, y, "{tier:?} {t:?}");
-            }
+        let mut ys: Vec<Vec<f32>> = mats.iter().map(|m| vec![0f32; m.2]).collect();
+        let mut jobs: Vec<MatVecJob> = mats
+            .iter()
+            .zip(&xs)
+            .zip(ys.iter_mut())
+            .map(|(((t, w, rows), x), y)| MatVecJob { t: *t, w, rows: *rows, x, y })
+            .collect();
+        matvec_jobs_on(tier, &mut jobs);
+        drop(jobs);
+        for (((t, w, rows), x), y) in mats.iter().zip(&xs).zip(&ys) {
+            let mut alone = vec![0f32; *rows];
+            matvec_on(tier, *t, w, *rows, x, &mut alone);
+            assert_eq!(&alone, y, "{tier:?} {t:?}");
         }
+    }
+
+    #[test]
+    fn scalar_fused_jobs_match_separate_products_bit_for_bit() {
+        check_fused_jobs(Tier::Scalar);
+    }
+
+    /// Every check of a SIMD tier, which the build machine has (`build.rs`), so it must be detected.
+    fn check_tier(tier: Tier) {
+        assert!(Tier::supported().contains(&tier), "the build machine has {} but it is not detected", tier.name());
+        check_dequantization(tier);
+        check_matvec(tier);
+        check_fused_jobs(tier);
+        check_batched(tier);
+    }
+
+    #[test]
+    #[cfg_attr(not(reagent_host_avx2), ignore = "this CPU lacks AVX2/FMA/F16C")]
+    fn avx2_kernels_match_scalar() {
+        check_tier(Tier::Avx2);
+    }
+
+    #[test]
+    #[cfg_attr(not(reagent_host_avxvnni), ignore = "this CPU lacks AVX-VNNI")]
+    fn vnni_kernels_match_scalar() {
+        check_tier(Tier::AvxVnni);
+    }
+
+    #[test]
+    #[cfg_attr(not(reagent_host_avx512), ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI")]
+    fn avx512_kernels_match_scalar() {
+        check_tier(Tier::Avx512);
     }
 
     #[test]
@@ -1083,13 +1129,11 @@ mod tests {
         }
     }
 
-    /// The integer prefill on every tier the CPU has against per-token scalar mat-vecs: tails of rows and
-    /// tokens that do not fill a 4 × 4 tile, an odd number of 32-element blocks, and enough tokens for
-    /// more than one pass of 64.
-    #[test]
-    fn batched_products_match_scalar_on_every_tier() {
-        report_missing_tiers();
-        for (n, k, m) in [(1, 32, 1), (7, 96, 5), (33, 256, 4), (9, 768, 70), (64, 512, 131)] {
+    /// A tier's batched product against per-token scalar mat-vecs (the scalar tier's `matmul_on`): tails
+    /// of rows and tokens that do not fill a tile, an odd number of 32-element blocks and partial groups,
+    /// and enough tokens for more than one pass.
+    fn check_batched(tier: Tier) {
+        for (n, k, m) in [(1, 32, 1), (7, 96, 5), (33, 256, 4), (9, 768, 70), (64, 512, 131), (5, 4864, 40)] {
             for ty in TYPES {
                 let t = BlockType::of(ty).unwrap();
                 if k % t.block_elems() != 0 {
@@ -1098,16 +1142,14 @@ mod tests {
                 let (w, _) = matrix(ty, n, k, (n * k) as u64);
                 let x = random(m * k, 3);
                 let reference = matmul_on(Tier::Scalar, t, &w, n, k, &x);
-                for tier in Tier::supported() {
-                    let y = matmul_on(tier, t, &w, n, k, &x);
-                    for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
-                        assert!(
-                            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                            "{tier:?} {ty:?} {n}x{k}, {m} tokens: token {} row {}: {a} vs {b}",
-                            i / n,
-                            i % n
-                        );
-                    }
+                let y = matmul_on(tier, t, &w, n, k, &x);
+                for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{tier:?} {ty:?} {n}x{k}, {m} tokens: token {} row {}: {a} vs {b}",
+                        i / n,
+                        i % n
+                    );
                 }
             }
         }
@@ -1117,17 +1159,15 @@ mod tests {
     /// same groups: the same bytes and scales, and the same minimums where the kernel reads them.
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(not(reagent_host_avx512), ignore = "this CPU lacks AVX-512 F/BW/VL/VNNI")]
     fn simd_and_portable_weight_packing_agree() {
-        if !Tier::supported().contains(&Tier::Avx512) {
-            eprintln!("skipped: the avx512 weight packer (this CPU lacks AVX-512 VNNI)");
-            return;
-        }
         for ty in TYPES {
             let t = BlockType::of(ty).unwrap();
             let (n, k) = (5, if t.block_elems() == QK { 96 } else { 512 });
             let (w, _) = matrix(ty, n, k, 17);
             let (mut simd, mut simd2, mut portable) = (Vec::new(), Vec::new(), Vec::new());
-            // SAFETY: AVX-512 (and so AVX2) is present (checked above); `w` holds `n` rows.
+            // SAFETY: AVX-512 (and so AVX2) is present (the build machine has it, and the tests run where they are
+            // built); `w` holds `n` rows.
             unsafe {
                 avx512::pack_weight_groups(avx2::code(t), w.as_ptr(), w.len() / n, n, k / QK, &mut simd);
                 avx2::pack_weight_groups(t, &w, w.len() / n, n, k / QK, &mut simd2);
@@ -1144,16 +1184,9 @@ mod tests {
         }
     }
 
-    /// Names the tiers this CPU cannot run, so a pass says what it did not check.
-    fn report_missing_tiers() {
-        let have = Tier::supported();
-        for tier in Tier::ALL.into_iter().filter(|t| !have.contains(t)) {
-            eprintln!("skipped: the {} kernels (this CPU lacks them)", tier.name());
-        }
-    }
-
     #[cfg(target_arch = "x86_64")]
     #[test]
+    #[cfg_attr(not(reagent_host_avx2), ignore = "this CPU lacks AVX2/FMA/F16C")]
     fn simd_quantization_gives_the_scalar_bits() {
         // Exact ties included: 0.5 steps of a block whose largest value is 127.
         let mut x = random(1024, 11);
@@ -1164,12 +1197,8 @@ mod tests {
         for group in [1, 8] {
             let mut scalar = vec![Q8Block::default(); 32];
             quantize_groups_scalar(&x, &mut scalar, group);
-            if !Tier::supported().contains(&Tier::Avx2) {
-                eprintln!("skipped: the avx2 quantizer (this CPU lacks AVX2)");
-                return;
-            }
             let mut simd = vec![Q8Block::default(); 32];
-            // SAFETY: AVX2 is present (checked above).
+            // SAFETY: AVX2 is present (the build machine has it, and the tests run where they are built).
             unsafe { avx2::quantize_groups(&x, &mut simd, group) };
             for (a, b) in simd.iter().zip(&scalar) {
                 assert_eq!((a.d, a.sum, a.qs), (b.d, b.sum, b.qs), "group {group}");
