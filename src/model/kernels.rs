@@ -923,13 +923,16 @@ fn matmul_groups(
             unsafe {
                 let (wp, xp, y) =
                     (wg.as_ptr().add((r - first) * groups), xg.as_ptr().add(c * groups), y_ptr as *mut f32);
+                // Every shape `for_tiles` can hand out for TILE_512 and TILE_256 (a new tile size needs its
+                // arms: the batched tests then fail loudly rather than skip rows or tokens).
                 match (rr, cc) {
                     (4, 2) => store_tile(group_tile::<4, 2>(tier, t, wp, xp, groups), y, n, r, c),
-                    (4, _) => store_tile(group_tile::<4, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    (4, 1) => store_tile(group_tile::<4, 1>(tier, t, wp, xp, groups), y, n, r, c),
                     (2, 2) => store_tile(group_tile::<2, 2>(tier, t, wp, xp, groups), y, n, r, c),
-                    (2, _) => store_tile(group_tile::<2, 1>(tier, t, wp, xp, groups), y, n, r, c),
-                    (_, 2) => store_tile(group_tile::<1, 2>(tier, t, wp, xp, groups), y, n, r, c),
-                    _ => store_tile(group_tile::<1, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    (2, 1) => store_tile(group_tile::<2, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    (1, 2) => store_tile(group_tile::<1, 2>(tier, t, wp, xp, groups), y, n, r, c),
+                    (1, 1) => store_tile(group_tile::<1, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    _ => unreachable!("no kernel for a {rr} × {cc} tile"),
                 }
             }
         });
