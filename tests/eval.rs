@@ -144,9 +144,11 @@ fn eval_on_the_test_model_writes_lines_and_resumes_after_a_kill() {
         // finished decision valid, but a 135M model can ramble to the 512-token limit inside a 1000-character
         // answer, and that attempt is retried.
         assert!(r.correct.is_some() && r.generated_tokens > 0 && r.seconds > 0.0);
-        assert!(r.valid_first_try || r.retries > 0, "{r:?}");
         assert!(matches!(r.stop_reason.as_str(), "first_decision" | "final_answer"), "{r:?}");
     }
+    // Under the grammar most decisions are valid at once; retries are the exception.
+    let first_try = after.iter().filter(|r| r.valid_first_try).count();
+    assert!(2 * first_try > after.len(), "only {first_try} of {} valid on the first try", after.len());
     // Tasks after the first share the system prompt prefix.
     assert!(after[1..].iter().any(|r| r.reused_tokens > 0));
     let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
