@@ -22,6 +22,9 @@
 //! 3. Render a conversation with the chat template and encode it with special tokens parsed.
 //! 4. Generate, streaming text to a callback.
 //!
+//! Set `RAYON_NUM_THREADS` before the first model call (the `reagent` binary does): without it candle
+//! counts the physical cores from `/proc/cpuinfo` at every f32 matmul, twice per layer per decode step.
+//!
 //! ```no_run
 //! use reagent::{catalog, ChatMessage, GenerateParams, LoadOptions, Model};
 //!
