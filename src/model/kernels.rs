@@ -130,6 +130,11 @@ impl BlockType {
         }
     }
 
+    /// Whether a block's weights are `d·q + min` (Q4_1, Q4_K, Q5_K) rather than `d·(q − offset)`.
+    pub fn has_minimum(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q4K | Self::Q5K)
+    }
+
     /// Bytes of a row of `cols` elements.
     pub fn row_bytes(self, cols: usize) -> usize {
         cols / self.block_elems() * self.block_bytes()
@@ -608,35 +613,32 @@ fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Vec<Packed> {
     out
 }
 
-/// An `R × C` tile on the AVX-512 kernels: weight rows from `w` (`row_bytes` apart) times tokens from `xq`
-/// (32-element block types) or `xp` (K-quants), `x_stride` 32-element blocks apart, `blocks` blocks long.
+/// `R` consecutive weight rows from `w` (`row_bytes` apart) times one activation row on the AVX-512
+/// kernels: `xq` for the 32-element block types, `xp` (packed) for the K-quants, `blocks` blocks long.
 ///
 /// # Safety
-/// The CPU has the AVX-512 tier; the `R` rows and the `C` tokens' activations lie inside their buffers, and
-/// `xp` holds the packed activations when `t` is a K-quant.
+/// The CPU has the AVX-512 tier; the `R` rows and the activations lie inside their buffers, and `xp` holds
+/// the packed activations when `t` is a K-quant.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn avx512_tile<const R: usize, const C: usize>(
+unsafe fn avx512_rows_dot<const R: usize>(
     t: BlockType,
     w: *const u8,
     row_bytes: usize,
     xq: *const Q8Block,
     xp: *const Packed,
-    x_stride: usize,
     blocks: usize,
-) -> [[f32; C]; R] {
+) -> [f32; R] {
     use avx2::*;
-    use avx512::{tile, tile_k};
-    let (xs, supers) = (x_stride / 8, blocks / 8);
+    use avx512::{rows_dot, rows_dot_k};
     match code(t) {
-        Q4_0 => tile::<Q4_0, R, C>(w, row_bytes, xq, x_stride, blocks),
-        Q4_1 => tile::<Q4_1, R, C>(w, row_bytes, xq, x_stride, blocks),
-        Q5_0 => tile::<Q5_0, R, C>(w, row_bytes, xq, x_stride, blocks),
-        Q8_0 => tile::<Q8_0, R, C>(w, row_bytes, xq, x_stride, blocks),
-        Q4K => tile_k::<Q4K, R, C>(w, row_bytes, xp, xs, supers),
-        Q5K => tile_k::<Q5K, R, C>(w, row_bytes, xp, xs, supers),
-        _ => tile_k::<Q6K, R, C>(w, row_bytes, xp, xs, supers),
+        Q4_0 => rows_dot::<Q4_0, R>(w, row_bytes, xq, blocks),
+        Q4_1 => rows_dot::<Q4_1, R>(w, row_bytes, xq, blocks),
+        Q5_0 => rows_dot::<Q5_0, R>(w, row_bytes, xq, blocks),
+        Q8_0 => rows_dot::<Q8_0, R>(w, row_bytes, xq, blocks),
+        Q4K => rows_dot_k::<Q4K, R>(w, row_bytes, xp, blocks / 8),
+        Q5K => rows_dot_k::<Q5K, R>(w, row_bytes, xp, blocks / 8),
+        _ => rows_dot_k::<Q6K, R>(w, row_bytes, xp, blocks / 8),
     }
 }
 
@@ -674,14 +676,12 @@ fn rows_dot_into(
             // Qwen 1.5B, 864 to 5040-byte K-quant rows: 28 tok/s against 19.6 four at a time).
             let long = row_bytes >= LONG_ROW;
             while r + 4 <= n && !long {
-                let y = avx512_tile::<4, 1>(t, base.add(r * row_bytes), row_bytes, xq, xp, 0, x.len());
-                for i in 0..4 {
-                    out[r + i] = y[i][0];
-                }
+                let y = avx512_rows_dot::<4>(t, base.add(r * row_bytes), row_bytes, xq, xp, x.len());
+                out[r..r + 4].copy_from_slice(&y);
                 r += 4;
             }
             while r < n {
-                out[r] = avx512_tile::<1, 1>(t, base.add(r * row_bytes), row_bytes, xq, xp, 0, x.len())[0][0];
+                out[r] = avx512_rows_dot::<1>(t, base.add(r * row_bytes), row_bytes, xq, xp, x.len())[0];
                 r += 1;
             }
         }
@@ -864,7 +864,7 @@ unsafe fn group_tile<const R: usize, const C: usize>(
     x: *const avx512::XGroup,
     groups: usize,
 ) -> [[f32; C]; R] {
-    let min = matches!(t, BlockType::Q4_1 | BlockType::Q4K | BlockType::Q5K);
+    let min = t.has_minimum();
     let sum16 = t != BlockType::Q6K;
     let g = groups;
     match (tier, min, sum16) {
@@ -898,7 +898,7 @@ fn matmul_groups(
     let code = avx2::code(t);
     let groups = blocks.div_ceil(GROUP);
     let m = xq.len() / blocks;
-    let mut xg: Vec<XGroup> = vec![XGroup::zeroed(); m * groups];
+    let mut xg: Vec<XGroup> = vec![XGroup::ZERO; m * groups];
     for (q, g) in xq.chunks_exact(blocks).zip(xg.chunks_exact_mut(groups)) {
         avx512::pack_groups(code, q, g);
     }
@@ -1176,7 +1176,7 @@ mod tests {
                 avx2::pack_weight_groups(t, &w, w.len() / n, n, k / QK, &mut simd2);
             }
             avx512::pack_weight_groups_portable(t, &w, w.len() / n, n, k / QK, &mut portable);
-            let min = matches!(t, BlockType::Q4_1 | BlockType::Q4K | BlockType::Q5K);
+            let min = t.has_minimum();
             for (i, ((a, a2), b)) in simd.iter().zip(&simd2).zip(&portable).enumerate() {
                 assert_eq!((a.u, a.d), (b.u, b.d), "{ty:?} group {i}");
                 assert_eq!((a2.u, a2.d, a2.c), (b.u, b.d, b.c), "{ty:?} group {i} (AVX2 packer)");

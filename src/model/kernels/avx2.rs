@@ -477,19 +477,18 @@ unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool,
                         for (j, u) in u.iter().enumerate() {
                             p = _mm256_dpbusd_avx_epi32(p, *u, qv[j]);
                         }
-                    } else if SUM16 {
-                        let s01 =
-                            _mm256_add_epi16(_mm256_maddubs_epi16(u[0], qv[0]), _mm256_maddubs_epi16(u[1], qv[1]));
-                        let s23 =
-                            _mm256_add_epi16(_mm256_maddubs_epi16(u[2], qv[2]), _mm256_maddubs_epi16(u[3], qv[3]));
-                        p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
                     } else {
+                        // Pairs of `maddubs` always fit i16 (2 × 2 × 63 × 127 for Q6_K); all four only when SUM16.
                         let s01 =
                             _mm256_add_epi16(_mm256_maddubs_epi16(u[0], qv[0]), _mm256_maddubs_epi16(u[1], qv[1]));
                         let s23 =
                             _mm256_add_epi16(_mm256_maddubs_epi16(u[2], qv[2]), _mm256_maddubs_epi16(u[3], qv[3]));
-                        p = _mm256_add_epi32(p, _mm256_madd_epi16(s01, ones));
-                        p = _mm256_add_epi32(p, _mm256_madd_epi16(s23, ones));
+                        if SUM16 {
+                            p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
+                        } else {
+                            p = _mm256_add_epi32(p, _mm256_madd_epi16(s01, ones));
+                            p = _mm256_add_epi32(p, _mm256_madd_epi16(s23, ones));
+                        }
                     }
                     let scale = _mm256_mul_ps(d, _mm256_loadu_ps(xg.d.as_ptr().add(at)));
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, *acc);
@@ -601,14 +600,7 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
         for i in 0..blocks {
             _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, unsigned_block::<T>(row.as_ptr(), i));
             let (d, c) = super::block_scales(t, row, i);
-            let (g, b) = (&mut out[r * groups + i / 8], i % 8);
-            for h in 0..2 {
-                for j in 0..4 {
-                    g.u[j][2 * b + h] = words[4 * h + j];
-                }
-                g.d[2 * b + h] = d[h];
-                g.c[2 * b + h] = c;
-            }
+            out[r * groups + i / 8].set_block(i % 8, &words, d, c);
         }
     }
 }

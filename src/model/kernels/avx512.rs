@@ -1,18 +1,19 @@
 //! The AVX-512 kernels (F + BW + VL + VNNI), for CPUs such as AMD Zen 4/5 and Intel Xeons before AMX.
 //!
-//! One kernel shape serves decode and prefill: a tile of `R` weight rows × `C` activation rows (tokens).
-//! Each weight block is unpacked once per tile and multiplied with the `C` tokens' activations, so decode
-//! is `C = 1` and the integer prefill ([`super::matmul`]) runs 4 × 4 tiles, reusing every unpacked block
-//! four times. A 512-bit register holds two 32-element blocks (or two K-quant sub-blocks):
+//! Decode multiplies `R` weight rows at a time with one activation row; a 512-bit register holds two
+//! 32-element blocks (or two K-quant sub-blocks):
 //! - 32-element block types: `vpdpbusd` of the unsigned weights with the 8-bit activations gives 8 partial
 //!   sums per block, converted to f32 and scaled by `d_w·d_x` per lane; the types' offsets and minimums
 //!   (`Σ w·x = d_w·d_x·Σ u·qx + c·d_x·Σ qx`) are one more FMA per pair of blocks. Q8_0's signed weights
 //!   are made unsigned by flipping their top bit (`u = w + 128`, `c = −128·d_w`).
 //! - K-quants: `vpmaddubsw` gives pair sums as i16 and `vpdpwssd` multiplies them by the sub-block scales
-//!   and accumulates in i32, so a 256-element super-block costs one conversion to f32 per tile cell. The
+//!   and accumulates in i32, so a 256-element super-block costs one conversion to f32 per row. The
 //!   minimums (Q4_K, Q5_K) and Q6_K's offset 32 are one `vpmaddwd` of the row's 16 scale or minimum values
 //!   with the token's 16 sums of 16 activations. The activations are first packed ([`XSuper`]) in the
 //!   order the weights unpack in.
+//!
+//! The batched product ([`super::matmul`]) packs weights and tokens into interleaved groups of 8 blocks
+//! ([`WGroup`], [`XGroup`]) and runs tiles of rows × tokens over them ([`tile_groups`]).
 
 use std::arch::x86_64::*;
 
@@ -114,52 +115,53 @@ unsafe fn halves(v: [f32; 2]) -> __m512 {
     _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(v[0]), _mm512_set1_ps(v[1]))
 }
 
-/// A tile of 32-element block types: `out[r][c] = W[r] · X[c]` for rows `stride` bytes apart and tokens
-/// `x_stride` blocks apart, `blocks` blocks each.
+/// Dot products of `R` rows of a 32-element block type (`stride` bytes apart, `blocks` blocks each) with
+/// one quantized activation row.
 #[inline(always)]
-unsafe fn tile_impl<const T: u8, const R: usize, const C: usize>(
+unsafe fn rows_dot_impl<const T: u8, const R: usize>(
     w: *const u8,
     stride: usize,
     x: *const Q8Block,
-    x_stride: usize,
     blocks: usize,
-) -> [[f32; C]; R] {
+) -> [f32; R] {
     let bb = block_bytes(T);
-    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let mut acc = [_mm512_setzero_ps(); R];
     let mut i = 0;
     while i < blocks {
         let single = i + 1 == blocks;
-        let mut qx = [_mm512_setzero_si512(); C];
-        let mut dx = [_mm512_setzero_ps(); C];
-        let mut sx = [_mm512_setzero_ps(); C];
-        for c in 0..C {
-            let b0 = &*x.add(c * x_stride + i);
-            let lo = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
-            let (hi, d1, s1) = if single {
-                (_mm256_setzero_si256(), 0.0, 0.0)
-            } else {
-                let b1 = &*x.add(c * x_stride + i + 1);
-                (_mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i), b1.d, b1.d * b1.sum as f32)
-            };
-            qx[c] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            dx[c] = halves([b0.d, d1]);
-            // The corrections' activation sums, once per block: lanes 0 and 8.
-            sx[c] = _mm512_maskz_mov_ps(0x0101, halves([b0.d * b0.sum as f32, s1]));
-        }
+        let b0 = &*x.add(i);
+        let lo = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
+        let (hi, d1, s1) = if single {
+            (_mm256_setzero_si256(), 0.0, 0.0)
+        } else {
+            let b1 = &*x.add(i + 1);
+            (_mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i), b1.d, b1.d * b1.sum as f32)
+        };
+        let qx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        let dx = halves([b0.d, d1]);
+        // The corrections' activation sums, once per block: lanes 0 and 8.
+        let sx = _mm512_maskz_mov_ps(0x0101, halves([b0.d * b0.sum as f32, s1]));
         for (r, acc) in acc.iter_mut().enumerate() {
             let b = w.add(r * stride + i * bb);
             prefetch_next_rows::<R>(b, stride, (2 * bb).div_ceil(64));
             let (u, d, cw) = unpack_pair::<T>(b, single);
-            let (dw, cw) = (halves(d), halves(cw));
-            for c in 0..C {
-                let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, qx[c]);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[c]), acc[c]);
-                acc[c] = _mm512_fmadd_ps(cw, sx[c], acc[c]);
-            }
+            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, qx);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(halves(d), dx), *acc);
+            *acc = _mm512_fmadd_ps(halves(cw), sx, *acc);
         }
         i += 2;
     }
-    sums(&acc)
+    reduce(acc)
+}
+
+/// The lanes of each accumulator added up.
+#[inline(always)]
+unsafe fn reduce<const R: usize>(acc: [__m512; R]) -> [f32; R] {
+    let mut out = [0f32; R];
+    for (o, a) in out.iter_mut().zip(acc) {
+        *o = _mm512_reduce_add_ps(a);
+    }
+    out
 }
 
 /// One K-quant super-block's weights: four 64-byte pairs of sub-blocks as unsigned bytes (in [`XSuper`]'s
@@ -266,62 +268,56 @@ unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]
     (u, s, mins, d, -dmin)
 }
 
-/// A tile of K-quant super-blocks against packed activations (`x_stride` super-blocks between tokens).
+/// Dot products of `R` K-quant rows with one packed activation row (`supers` super-blocks).
 #[inline(always)]
-unsafe fn tile_k_impl<const T: u8, const R: usize, const C: usize>(
+unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
     w: *const u8,
     stride: usize,
     x: *const XSuper,
-    x_stride: usize,
     supers: usize,
-) -> [[f32; C]; R] {
+) -> [f32; R] {
     let bb = block_bytes(T);
-    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let mut acc = [_mm512_setzero_ps(); R];
     for sb in 0..supers {
+        let xp = &*x.add(sb);
         for (r, acc) in acc.iter_mut().enumerate() {
             let b = w.add(r * stride + sb * bb);
             prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
             let (u, s, m, d, dm) = unpack_super::<T>(b);
-            let (d, dm) = (_mm512_set1_ps(d), _mm512_set1_ps(dm));
-            for (c, acc) in acc.iter_mut().enumerate() {
-                let xp = &*x.add(c * x_stride + sb);
-                let mut sumi = _mm512_setzero_si512();
-                for ((u, q), s) in u.iter().zip(&xp.qs).zip(&s) {
-                    let q = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
-                    sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(*u, q), *s);
-                }
-                let mm = _mm256_madd_epi16(m, _mm256_loadu_si256(xp.bsum.as_ptr() as *const __m256i));
-                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), d);
-                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), dm, v);
-                *acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xp.d), *acc);
+            let mut sumi = _mm512_setzero_si512();
+            for ((u, q), s) in u.iter().zip(&xp.qs).zip(&s) {
+                let q = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
+                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(*u, q), *s);
             }
+            let mm = _mm256_madd_epi16(m, _mm256_loadu_si256(xp.bsum.as_ptr() as *const __m256i));
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d));
+            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), _mm512_set1_ps(dm), v);
+            *acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xp.d), *acc);
         }
     }
-    sums(&acc)
+    reduce(acc)
 }
 
-/// `R × C` dot products of 32-element block rows with quantized activation rows.
+/// [`rows_dot_impl`]: `R` rows of a 32-element block type with a quantized activation row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn tile<const T: u8, const R: usize, const C: usize>(
+pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(
     w: *const u8,
     stride: usize,
     x: *const Q8Block,
-    x_stride: usize,
     blocks: usize,
-) -> [[f32; C]; R] {
-    tile_impl::<T, R, C>(w, stride, x, x_stride, blocks)
+) -> [f32; R] {
+    rows_dot_impl::<T, R>(w, stride, x, blocks)
 }
 
-/// `R × C` dot products of K-quant rows with packed activation rows.
+/// [`rows_dot_k_impl`]: `R` K-quant rows with a packed activation row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn tile_k<const T: u8, const R: usize, const C: usize>(
+pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
     w: *const u8,
     stride: usize,
     x: *const XSuper,
-    x_stride: usize,
     supers: usize,
-) -> [[f32; C]; R] {
-    tile_k_impl::<T, R, C>(w, stride, x, x_stride, supers)
+) -> [f32; R] {
+    rows_dot_k_impl::<T, R>(w, stride, x, supers)
 }
 
 /// Whether this CPU runs these kernels.
@@ -347,6 +343,19 @@ pub(crate) struct WGroup {
 
 impl WGroup {
     pub(crate) const ZERO: WGroup = WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] };
+
+    /// Puts block `b` (0..8) in its two lanes: its 32 unsigned bytes as 8 little-endian words (word `i`
+    /// holds elements `4i .. 4i + 4`), the scales of its two 16-element halves, and its minimum.
+    #[inline(always)]
+    pub(super) fn set_block(&mut self, b: usize, words: &[u32], d: [f32; 2], c: f32) {
+        for h in 0..2 {
+            for j in 0..4 {
+                self.u[j][2 * b + h] = words[4 * h + j];
+            }
+            self.d[2 * b + h] = d[h];
+            self.c[2 * b + h] = c;
+        }
+    }
 }
 
 /// The matching eight blocks of one token's activations: `q` interleaved as the weights; `init` the
@@ -363,9 +372,7 @@ pub(crate) struct XGroup {
 }
 
 impl XGroup {
-    pub(crate) fn zeroed() -> Self {
-        XGroup { q: [[0; 16]; 4], init: [0; 16], d: [0.0; 16], s: [0.0; 16] }
-    }
+    pub(crate) const ZERO: XGroup = XGroup { q: [[0; 16]; 4], init: [0; 16], d: [0.0; 16], s: [0.0; 16] };
 }
 
 /// Blocks per group.
@@ -386,7 +393,7 @@ fn offset(t: u8) -> i32 {
 pub(crate) fn pack_groups(t: u8, x: &[Q8Block], out: &mut [XGroup]) {
     let o = offset(t);
     for (xs, g) in x.chunks(GROUP).zip(out.iter_mut()) {
-        *g = XGroup { q: [[0; 16]; 4], init: [0; 16], d: [0.0; 16], s: [0.0; 16] };
+        *g = XGroup::ZERO;
         for (b, xb) in xs.iter().enumerate() {
             for h in 0..2 {
                 let l = 2 * b + h;
@@ -420,7 +427,7 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
     let bb = block_bytes(T);
     let groups = blocks.div_ceil(GROUP);
     out.clear();
-    out.resize(rows * groups, WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] });
+    out.resize(rows * groups, WGroup::ZERO);
     let mut bytes = [0u32; 16];
     for r in 0..rows {
         let row = w.add(r * row_bytes);
@@ -430,15 +437,7 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
             _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, u);
             let g = &mut out[r * groups + i / GROUP];
             for k in 0..if single { 1 } else { 2 } {
-                let b = (i + k) % GROUP;
-                for h in 0..2 {
-                    for j in 0..4 {
-                        // Element 16h + 4j of block k is 32-bit word 8k + 4h + j of the pair.
-                        g.u[j][2 * b + h] = bytes[8 * k + 4 * h + j];
-                    }
-                    g.d[2 * b + h] = d[k];
-                    g.c[2 * b + h] = c[k];
-                }
+                g.set_block((i + k) % GROUP, &bytes[8 * k..8 * k + 8], [d[k]; 2], c[k]);
             }
         }
     }
@@ -457,36 +456,35 @@ unsafe fn pack_weight_supers_impl<const T: u8>(
 ) {
     let bb = block_bytes(T);
     out.clear();
-    out.resize(rows * supers, WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] });
+    out.resize(rows * supers, WGroup::ZERO);
     let order: [usize; 8] = if T == Q6K { [0, 1, 2, 3, 4, 5, 6, 7] } else { [0, 2, 1, 3, 4, 6, 5, 7] };
     let mut bytes = [0u32; 16];
     for r in 0..rows {
         for sb in 0..supers {
             let b = w.add(r * row_bytes + sb * bb);
             let (u, ..) = unpack_super::<T>(b);
+            // Each sub-block's scales and minimum: Q6_K's 16-element scales per half, Q4_K/Q5_K's 6-bit
+            // scale and minimum per sub-block.
+            let (mut d, mut c) = ([[0f32; 2]; 8], [0f32; 8]);
+            if T == Q6K {
+                let scale = f16(b.add(208));
+                for (l, d) in d.as_flattened_mut().iter_mut().enumerate() {
+                    *d = scale * *(b.add(192 + l) as *const i8) as f32;
+                }
+            } else {
+                let (scale, dmin) = (f16(b), f16(b.add(2)));
+                let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+                for s in 0..8 {
+                    d[s] = [scale * sc[s] as f32; 2];
+                    c[s] = -dmin * mn[s] as f32;
+                }
+            }
             let g = &mut out[r * supers + sb];
             for (j, u) in u.iter().enumerate() {
                 _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, *u);
                 for k in 0..2 {
                     let s = order[2 * j + k];
-                    for h in 0..2 {
-                        for i in 0..4 {
-                            g.u[i][2 * s + h] = bytes[8 * k + 4 * h + i];
-                        }
-                    }
-                }
-            }
-            if T == Q6K {
-                let d = f16(b.add(208));
-                for (l, v) in g.d.iter_mut().enumerate() {
-                    *v = d * *(b.add(192 + l) as *const i8) as f32;
-                }
-            } else {
-                let (d, dmin) = (f16(b), f16(b.add(2)));
-                let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-                for l in 0..16 {
-                    g.d[l] = d * sc[l / 2] as f32;
-                    g.c[l] = -dmin * mn[l / 2] as f32;
+                    g.set_block(s, &bytes[8 * k..8 * k + 8], d[s], c[s]);
                 }
             }
         }
@@ -511,15 +509,8 @@ pub(crate) fn pack_weight_groups_portable(
         let row = &w[r * row_bytes..(r + 1) * row_bytes];
         for i in 0..blocks {
             let (u, d, c) = super::unsigned_block(t, row, i);
-            let (g, b) = (&mut out[r * groups + i / GROUP], i % GROUP);
-            for (h, &dh) in d.iter().enumerate() {
-                for j in 0..4 {
-                    let e = 16 * h + 4 * j;
-                    g.u[j][2 * b + h] = u32::from_le_bytes([u[e], u[e + 1], u[e + 2], u[e + 3]]);
-                }
-                g.d[2 * b + h] = dh;
-                g.c[2 * b + h] = c;
-            }
+            let words: Vec<u32> = u.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+            out[r * groups + i / GROUP].set_block(i % GROUP, &words, d, c);
         }
     }
 }
