@@ -1,0 +1,206 @@
+//! The batched product (prompt prefill) on 8-bit integer kernels: [`matmul`].
+
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
+use super::{matvec_on, quantize_row_q8_for, BlockType, Q8Block, Tier, QK};
+
+/// Whether [`matmul`] multiplies prompt-sized batches of a matrix of type `t` on 8-bit integer kernels on
+/// the best tier here, rather than the caller dequantizing the weights for an f32 GEMM.
+pub fn int_matmul_supports(t: BlockType) -> bool {
+    int_matmul_on(Tier::best(), t)
+}
+
+/// The name of the integer prefill on the best tier here, if it has one.
+pub fn int_matmul_name() -> Option<&'static str> {
+    match Tier::best() {
+        Tier::Avx512 => Some("int8_avx512"),
+        Tier::AvxVnni => Some("int8_vnni"),
+        Tier::Avx2 => Some("int8_avx2"),
+        Tier::Scalar => None,
+    }
+}
+
+/// Whether `tier` has a batched integer kernel for `t`: AVX-512 and AVX-VNNI for every type, AVX2 for all
+/// but Q8_0 (whose unsigned weights reach 255, where `maddubs` pairs saturate).
+fn int_matmul_on(tier: Tier, t: BlockType) -> bool {
+    match tier {
+        Tier::Avx512 | Tier::AvxVnni => true,
+        Tier::Avx2 => t != BlockType::Q8_0,
+        Tier::Scalar => false,
+    }
+}
+
+/// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` (f32, row-major) and `w` the `n × k` matrix of
+/// type `t` in GGUF block layout: the integer prefill. Each row of `x` is quantized to 8 bits as for
+/// decode; on the AVX-512 tier tiles of 4 weight rows × 4 tokens unpack each weight block once for four
+/// tokens, with the tokens taken 64 at a time so their activations stay in L2 while a worker's rows pass
+/// over them. Other tiers run one mat-vec per token (the reference the tests compare against).
+pub fn matmul(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    matmul_on(Tier::best(), t, w, n, k, x)
+}
+
+/// [`matmul`] on a given tier, which must be one of [`Tier::supported`].
+pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
+    assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
+    assert!(k > 0 && k.is_multiple_of(t.block_elems()), "{k} columns are not whole {t:?} blocks");
+    let row_bytes = t.row_bytes(k);
+    assert_eq!(w.len(), n * row_bytes, "weight bytes do not match {n} rows of {k} columns");
+    assert!(x.len().is_multiple_of(k), "activations are not whole rows of {k}");
+    let (m, blocks) = (x.len() / k, k / QK);
+    let mut xq = vec![Q8Block::default(); m * blocks];
+    for (xr, q) in x.chunks_exact(k).zip(xq.chunks_exact_mut(blocks)) {
+        quantize_row_q8_for(t, xr, q);
+    }
+    let mut y = vec![0f32; m * n];
+    if !int_matmul_on(tier, t) {
+        for (q, yr) in xq.chunks_exact(blocks).zip(y.chunks_exact_mut(n)) {
+            matvec_on(tier, t, w, n, q, yr);
+        }
+        return y;
+    }
+    #[cfg(target_arch = "x86_64")]
+    matmul_groups(tier, t, w, n, row_bytes, &xq, blocks, &mut y);
+    y
+}
+
+/// Rows per work item of the batched products, and the bytes of packed activations per pass over a work
+/// item's rows: the tokens of a pass stay in L2 (with the item's packed rows) while the rows pass over
+/// them, so a wide matrix takes fewer tokens per pass (Qwen 1.5B's 8960-wide down projection: 16).
+#[cfg(target_arch = "x86_64")]
+const ROWS_PER_ITEM: usize = 16;
+#[cfg(target_arch = "x86_64")]
+const PASS_BYTES: usize = 256 * 1024;
+/// Rows and tokens of a tile: AVX-512 (32 registers) and AVX2 (16).
+#[cfg(target_arch = "x86_64")]
+const TILE_512: (usize, usize) = (4, 2);
+#[cfg(target_arch = "x86_64")]
+const TILE_256: (usize, usize) = (2, 2);
+
+/// Runs `cell(r, c, rr, cc)` over the `rr × cc` tiles (the given size, with 1-wide tails) covering rows
+/// `first..last` and all `m` tokens, `per_pass` tokens at a time.
+#[cfg(target_arch = "x86_64")]
+fn for_tiles(
+    first: usize,
+    last: usize,
+    m: usize,
+    (tile_rows, tile_tokens): (usize, usize),
+    per_pass: usize,
+    mut cell: impl FnMut(usize, usize, usize, usize),
+) {
+    for c0 in (0..m).step_by(per_pass) {
+        let c1 = m.min(c0 + per_pass);
+        let mut r = first;
+        while r < last {
+            let rr = if last - r >= tile_rows { tile_rows } else { 1 };
+            let mut c = c0;
+            while c < c1 {
+                let cc = if c1 - c >= tile_tokens { tile_tokens } else { 1 };
+                cell(r, c, rr, cc);
+                c += cc;
+            }
+            r += rr;
+        }
+    }
+}
+
+/// Writes an `R × C` tile of results at rows `r..`, tokens `c..` of the `m × n` output.
+///
+/// # Safety
+/// The tile lies inside the output at `y`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn store_tile<const R: usize, const C: usize>(v: [[f32; C]; R], y: *mut f32, n: usize, r: usize, c: usize) {
+    for (i, vr) in v.iter().enumerate() {
+        for (j, &vc) in vr.iter().enumerate() {
+            *y.add((c + j) * n + r + i) = vc;
+        }
+    }
+}
+
+/// One tile of the batched product on `tier`'s kernels.
+///
+/// # Safety
+/// The CPU has `tier`, [`int_matmul_on`] holds for `tier` and `t`, and the tile's `R` packed rows (`groups`
+/// apart) and `C` packed tokens (`groups` apart) exist.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn group_tile<const R: usize, const C: usize>(
+    tier: Tier,
+    t: BlockType,
+    w: *const avx512::WGroup,
+    x: *const avx512::XGroup,
+    groups: usize,
+) -> [[f32; C]; R] {
+    let min = t.has_minimum();
+    let sum16 = t != BlockType::Q6K;
+    let g = groups;
+    match (tier, min, sum16) {
+        (Tier::Avx512, true, _) => avx512::tile_groups::<true, R, C>(w, g, x, g, g),
+        (Tier::Avx512, false, _) => avx512::tile_groups::<false, R, C>(w, g, x, g, g),
+        (Tier::AvxVnni, true, _) => avx2::tile_groups_vnni::<true, R, C>(w, g, x, g, g),
+        (Tier::AvxVnni, false, _) => avx2::tile_groups_vnni::<false, R, C>(w, g, x, g, g),
+        (_, true, true) => avx2::tile_groups::<true, true, R, C>(w, g, x, g, g),
+        (_, true, false) => avx2::tile_groups::<false, true, R, C>(w, g, x, g, g),
+        (_, false, true) => avx2::tile_groups::<true, false, R, C>(w, g, x, g, g),
+        (_, false, false) => avx2::tile_groups::<false, false, R, C>(w, g, x, g, g),
+    }
+}
+
+/// The batched product on the integer kernels: tokens packed once into groups of 8 blocks
+/// ([`avx512::XGroup`]), each work item's rows packed once the same way (a K-quant super-block as 8 blocks
+/// with float scales and minimums), then tiles of a few rows × a few tokens.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn matmul_groups(
+    tier: Tier,
+    t: BlockType,
+    w: &[u8],
+    n: usize,
+    row_bytes: usize,
+    xq: &[Q8Block],
+    blocks: usize,
+    y: &mut [f32],
+) {
+    use avx512::{XGroup, GROUP};
+    let code = avx2::code(t);
+    let groups = blocks.div_ceil(GROUP);
+    let m = xq.len() / blocks;
+    let mut xg: Vec<XGroup> = vec![XGroup::ZERO; m * groups];
+    for (q, g) in xq.chunks_exact(blocks).zip(xg.chunks_exact_mut(groups)) {
+        avx512::pack_groups(code, q, g);
+    }
+    let y_ptr = y.as_mut_ptr() as usize;
+    let tile = if tier == Tier::Avx512 { TILE_512 } else { TILE_256 };
+    let per_pass = (PASS_BYTES / (groups * std::mem::size_of::<XGroup>())).clamp(8, 128) & !1;
+    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(ROWS_PER_ITEM), |items| {
+        let first = items.start * ROWS_PER_ITEM;
+        let last = n.min(items.end * ROWS_PER_ITEM);
+        let mut wg = Vec::new();
+        let rows = &w[first * row_bytes..last * row_bytes];
+        if tier == Tier::Avx512 {
+            // SAFETY: AVX-512 is present (the caller's tier); `rows` holds `last - first` rows.
+            unsafe { avx512::pack_weight_groups(code, rows.as_ptr(), row_bytes, last - first, blocks, &mut wg) };
+        } else {
+            // SAFETY: AVX2 is present (every tier with a batched kernel has it); `rows` holds the rows.
+            unsafe { avx2::pack_weight_groups(t, rows, row_bytes, last - first, blocks, &mut wg) };
+        }
+        for_tiles(first, last, m, tile, per_pass, |r, c, rr, cc| {
+            // SAFETY: the tier is present and takes `t` (the caller checks); the tile's packed rows and tokens
+            // exist, and work items write disjoint rows of `y`.
+            unsafe {
+                let (wp, xp, y) =
+                    (wg.as_ptr().add((r - first) * groups), xg.as_ptr().add(c * groups), y_ptr as *mut f32);
+                // Every shape `for_tiles` can hand out for TILE_512 and TILE_256 (a new tile size needs its
+                // arms: the batched tests then fail loudly rather than skip rows or tokens).
+                match (rr, cc) {
+                    (4, 2) => store_tile(group_tile::<4, 2>(tier, t, wp, xp, groups), y, n, r, c),
+                    (4, 1) => store_tile(group_tile::<4, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    (2, 2) => store_tile(group_tile::<2, 2>(tier, t, wp, xp, groups), y, n, r, c),
+                    (2, 1) => store_tile(group_tile::<2, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    (1, 2) => store_tile(group_tile::<1, 2>(tier, t, wp, xp, groups), y, n, r, c),
+                    (1, 1) => store_tile(group_tile::<1, 1>(tier, t, wp, xp, groups), y, n, r, c),
+                    _ => unreachable!("no kernel for a {rr} × {cc} tile"),
+                }
+            }
+        });
+    });
+}
