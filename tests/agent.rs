@@ -498,3 +498,43 @@ fn call_after_error_makes_the_next_decision_a_call_once() {
     let t = a.run("task").unwrap();
     assert_eq!((t.final_answer.as_deref(), t.steps[2].retries), (Some("no luck"), 0));
 }
+
+/// A tool whose argument schema llguidance cannot compile (a look-ahead in a pattern, as some MCP servers
+/// publish) does not stop the agent: its arguments are decoded under the schema without the pattern, the
+/// agent says so once, and the tool's own schema still checks the decoded arguments.
+#[test]
+fn a_schema_the_grammar_cannot_compile_is_relaxed_and_reported_once() {
+    let strict = ToolSpec::new(
+        "strict",
+        "takes a word starting with a",
+        json!({"type": "object", "properties": {"word": {"type": "string", "pattern": "^(?=a)\\w+$"}}, "required": ["word"]}),
+    )
+    .unwrap();
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let model = common::tiny_model(reagent::model::Arch::Qwen2);
+    let mut agent = Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(FnTool::new(strict, |a: &Value| Ok(a["word"].clone())))
+        .tool(calc())
+        .config(AgentConfig { max_steps: 1, max_decision_tokens: 40, ..AgentConfig::default() })
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .expect("an agent despite the pattern");
+    let relaxed: Vec<(String, String)> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ArgsRelaxed { tool, reason } => Some((tool.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(relaxed.len(), 1, "{relaxed:?}");
+    assert_eq!(relaxed[0].0, "strict");
+    assert!(relaxed[0].1.contains("look-around"), "{}", relaxed[0].1);
+    assert!(!relaxed[0].1.contains('\n'));
+    // The run itself goes on under the relaxed grammar (the tiny model's decisions are noise).
+    agent.run("use strict").unwrap();
+    assert_eq!(kinds(&events).iter().filter(|k| *k == "args_relaxed").count(), 1);
+}

@@ -68,6 +68,11 @@ pub trait Driver {
     fn supports_native(&self) -> bool {
         true
     }
+    /// Whether the driver can decode under `grammar` (a constrained driver compiles it); drivers that
+    /// apply no grammar accept any.
+    fn check_grammar(&self, _grammar: &Grammar) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A model, constrained by the decision grammar or free.
@@ -164,6 +169,13 @@ impl ModelDriver {
 }
 
 impl Driver for ModelDriver {
+    fn check_grammar(&self, grammar: &Grammar) -> Result<()> {
+        match &self.engine {
+            Some(e) => e.constraint(grammar).map(drop),
+            None => Ok(()),
+        }
+    }
+
     fn name(&self) -> &'static str {
         if self.engine.is_some() {
             "constrained"

@@ -28,6 +28,13 @@ pub struct DecisionStats {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum AgentEvent {
+    /// A tool's argument schema could not be compiled into the decision grammar (llguidance refused it):
+    /// its arguments are decoded under a looser schema and checked against the tool's own after
+    /// decoding. Sent once, when the agent is built.
+    ArgsRelaxed {
+        tool: String,
+        reason: String,
+    },
     RunStarted {
         task: String,
         tools: Vec<String>,

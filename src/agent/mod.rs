@@ -176,12 +176,78 @@ impl AgentBuilder {
             ));
         }
         // Fails now, not mid-run, on an unknown tool choice or a bad tool set.
-        StepGrammar::new(&set.specs(), &self.config.tool_choice, &self.config)?;
+        let (grammar_specs, relaxed) = grammar_specs(driver.as_ref(), set.specs(), &self.config)?;
         let mut executor = Executor::new(set, self.config.tool_timeout);
         for i in self.interceptors {
             executor.intercept(i);
         }
-        Ok(Agent { driver, executor, config: self.config, sink: self.sink })
+        let mut agent = Agent { driver, executor, grammar_specs, config: self.config, sink: self.sink };
+        for (tool, reason) in relaxed {
+            agent.emit(AgentEvent::ArgsRelaxed { tool, reason });
+        }
+        Ok(agent)
+    }
+}
+
+/// A tool whose argument schema the grammar does not follow exactly, and why.
+type Relaxed = (String, String);
+
+/// The tool specs the decision grammar is built from: the tools' own, except where the driver cannot
+/// compile a tool's argument schema (llguidance refuses some regex features, for one). Such a tool's
+/// schema is tried without `pattern` and `format`, then as any object; its arguments are still checked
+/// against its own schema after decoding (a failure is a validation failure, retried). Returns the
+/// specs and, for each relaxed tool, why.
+fn grammar_specs(
+    driver: &dyn Driver,
+    mut specs: Vec<crate::tools::ToolSpec>,
+    config: &AgentConfig,
+) -> Result<(Vec<crate::tools::ToolSpec>, Vec<Relaxed>)> {
+    let whole = StepGrammar::new(&specs, &config.tool_choice, config)?;
+    let Err(first_error) = driver.check_grammar(&whole.grammar) else { return Ok((specs, Vec::new())) };
+    let compiles = |params: &Value| {
+        let args = decision::bounded_args(params, &config.decision);
+        driver.check_grammar(&Grammar::JsonSchema(args))
+    };
+    let mut relaxed = Vec::new();
+    for spec in &mut specs {
+        let Err(e) = compiles(&spec.parameters) else { continue };
+        let mut looser = spec.parameters.clone();
+        strip_keywords(&mut looser, &["pattern", "format", "patternProperties"]);
+        spec.parameters = match compiles(&looser) {
+            Ok(()) => looser,
+            Err(_) => serde_json::json!({"type": "object", "additionalProperties": true}),
+        };
+        // llguidance's message shows the regex over several lines; its last line says what is wrong.
+        let e = e.to_string();
+        let why = e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(&e);
+        relaxed.push((spec.name.clone(), why.trim().trim_start_matches("error: ").to_string()));
+    }
+    if relaxed.is_empty() {
+        return Err(first_error);
+    }
+    let whole = StepGrammar::new(&specs, &config.tool_choice, config)?;
+    driver.check_grammar(&whole.grammar)?;
+    Ok((specs, relaxed))
+}
+
+/// Removes `keys` from every schema object in `v`, keeping property names that happen to match.
+fn strip_keywords(v: &mut Value, keys: &[&str]) {
+    match v {
+        Value::Object(o) => {
+            for k in keys {
+                o.remove(*k);
+            }
+            for (k, x) in o.iter_mut() {
+                match (k.as_str(), x) {
+                    ("properties" | "$defs" | "definitions", Value::Object(props)) => {
+                        props.values_mut().for_each(|p| strip_keywords(p, keys))
+                    }
+                    (_, x) => strip_keywords(x, keys),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| strip_keywords(x, keys)),
+        _ => {}
     }
 }
 
@@ -189,6 +255,8 @@ impl AgentBuilder {
 pub struct Agent {
     driver: Box<dyn Driver>,
     executor: Executor,
+    /// The specs the decision grammar is built from (see [`grammar_specs`]).
+    grammar_specs: Vec<crate::tools::ToolSpec>,
     config: AgentConfig,
     sink: Option<Box<dyn EventSink>>,
 }
@@ -250,12 +318,13 @@ impl Agent {
             system.push_str(text);
         }
         let tools_value = (native && !specs.is_empty()).then(|| native::tools_value(&specs));
-        let schema = StepGrammar::new(&specs, &self.config.tool_choice, &self.config)?;
+        let gspecs = &self.grammar_specs;
+        let schema = StepGrammar::new(gspecs, &self.config.tool_choice, &self.config)?;
         // After a repeated call is refused, an `auto` run must answer: the grammar then allows nothing else.
-        let answer_only = StepGrammar::new(&specs, &ToolChoice::None, &self.config)?;
+        let answer_only = StepGrammar::new(gspecs, &ToolChoice::None, &self.config)?;
         let must_call = self.config.first_decision_calls || self.config.call_after_error;
         let call_only = (must_call && self.config.tool_choice == ToolChoice::Auto && !specs.is_empty())
-            .then(|| StepGrammar::new(&specs, &ToolChoice::Required, &self.config))
+            .then(|| StepGrammar::new(gspecs, &ToolChoice::Required, &self.config))
             .transpose()?;
         let mut force_answer = false;
         // The previous step's call failed (and the step before was not already forced by a failure).

@@ -5,6 +5,7 @@
 
 mod builtin;
 mod executor;
+pub mod mcp;
 mod program;
 
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use serde_json::Value;
 
 pub use builtin::{builtin_tools, BuiltinOptions};
 pub use executor::{CallOutcome, Executor, Interceptor, InterceptorAction};
-pub use program::{load_tools_file, timeout_from_secs, ProgramTool, MAX_TIMEOUT_S};
+pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTool, ToolsFileContents, MAX_TIMEOUT_S};
 
 use crate::error::{Error, Result};
 

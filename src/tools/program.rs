@@ -12,6 +12,9 @@
 //!
 //! The call's arguments are written as JSON to the program's stdin; its stdout is the result. A non-zero
 //! exit status is a tool error carrying the end of its stderr; a run past the timeout is killed.
+//!
+//! The same file may declare MCP servers (`[[mcp]]` entries: `name`, `command`, `args`, `env`, `timeout_s`,
+//! `tools`; see [`super::mcp`]).
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -51,9 +54,12 @@ fn default_max_output() -> usize {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ToolsFile {
-    #[serde(rename = "tool", alias = "tools")]
+    #[serde(rename = "tool", alias = "tools", default)]
     tools: Vec<ProgramDef>,
+    #[serde(default)]
+    mcp: Vec<super::mcp::McpConfig>,
 }
 
 /// A tool that runs an external program.
@@ -97,8 +103,14 @@ pub fn timeout_from_secs(s: f64) -> std::result::Result<Duration, String> {
     }
 }
 
-/// Reads a tools file (`.toml`, or `.json` with the same fields: `{"tools": [...]}`).
-pub fn load_tools_file(path: &Path) -> Result<Vec<Arc<dyn Tool>>> {
+/// What a tools file declares: program tools, and MCP servers (not started yet).
+pub struct ToolsFileContents {
+    pub tools: Vec<Arc<dyn Tool>>,
+    pub mcp: Vec<super::mcp::McpConfig>,
+}
+
+/// Reads a tools file (`.toml`, or `.json` with the same fields: `{"tools": [...], "mcp": [...]}`).
+pub fn read_tools_file(path: &Path) -> Result<ToolsFileContents> {
     let text = crate::limits::read_input(path, 4 << 20)?;
     let bad = |e: String| Error::Tool { tool: path.display().to_string(), reason: e };
     let file: ToolsFile = if path.extension().is_some_and(|e| e == "json") {
@@ -106,7 +118,24 @@ pub fn load_tools_file(path: &Path) -> Result<Vec<Arc<dyn Tool>>> {
     } else {
         toml::from_str(&text).map_err(|e| bad(e.to_string()))?
     };
-    file.tools.into_iter().map(|d| ProgramTool::from_def(d).map(|t| Arc::new(t) as Arc<dyn Tool>)).collect()
+    let tools = file
+        .tools
+        .into_iter()
+        .map(|d| ProgramTool::from_def(d).map(|t| Arc::new(t) as Arc<dyn Tool>))
+        .collect::<Result<_>>()?;
+    let mcp = super::mcp::configs_from(file.mcp, &path.display().to_string())?;
+    Ok(ToolsFileContents { tools, mcp })
+}
+
+/// Reads a tools file and starts the MCP servers it declares: its program tools, then the servers' tools
+/// (named `<server>.<tool>` where they clash with each other or with the program tools).
+pub fn load_tools_file(path: &Path) -> Result<Vec<Arc<dyn Tool>>> {
+    let ToolsFileContents { mut tools, mcp } = read_tools_file(path)?;
+    let servers = mcp.iter().map(super::mcp::McpServer::spawn).collect::<Result<Vec<_>>>()?;
+    let names: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+    let taken: Vec<&str> = names.iter().map(String::as_str).collect();
+    tools.extend(super::mcp::tools_of(&servers, &taken));
+    Ok(tools)
 }
 
 impl Tool for ProgramTool {

@@ -1,0 +1,261 @@
+//! The agent commands: `run` (one task, its events shown as they happen) and `eval` (a task file scored).
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, ModelDriver};
+use reagent::eval::{finished_ids, load_tasks, run_eval, unknown_fields, EvalOptions, Summary};
+use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
+use reagent::tools::{builtin_tools, read_tools_file, BuiltinOptions, Tool};
+use reagent::Sampling;
+
+use super::args::{EvalArgs, RunArgs};
+use super::{display, load, stdout_failed, INTERRUPTED_EXIT};
+
+/// `reagent run`: one task; events go to stderr (or stdout as JSON lines), the answer to stdout.
+pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
+    let sampling = Sampling::from_params(a.temperature, None, None)?;
+    let mut config = run_config(&a)?;
+    let tools = run_tools(&a)?;
+    let mut trace = a.trace.as_deref().map(Trace::create).transpose()?;
+    let model = load(&a.model)?;
+    let mut driver = match a.no_grammar {
+        true => ModelDriver::free_form(model, sampling, a.seed),
+        false => ModelDriver::constrained(model, sampling, a.seed)?,
+    };
+    if a.no_prefix_reuse {
+        driver = driver.without_prefix_reuse();
+    }
+    a.decision.resolve(&a.model, driver.supports_native(), true)?.apply(&mut config);
+    let (json, colour) = (a.json, std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let mut events = trace.as_ref().map(Trace::events).transpose()?;
+    let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
+        let line = serde_json::to_string(e).unwrap_or_default();
+        // The trace gets every event as it happens, flushed, so an interrupted run keeps what it did.
+        if let Some(t) = &mut events {
+            if let Err(err) = writeln!(t, "{line}").and_then(|_| t.flush()) {
+                eprintln!("error: writing the trace: {err}");
+                std::process::exit(2);
+            }
+        }
+        match json {
+            true => writeln!(std::io::stdout().lock(), "{line}").unwrap_or_else(|e| stdout_failed(e)),
+            false => display::show_event(e, colour),
+        }
+    });
+    if a.confirm {
+        builder = builder.interceptor(display::Confirm);
+    }
+    let mut agent = builder.build()?;
+    let transcript = agent.run(&a.task)?;
+    drop(agent); // the sink, and with it the event handle on the trace, is handed back
+    if let Some(t) = &mut trace {
+        t.finish(&transcript)?;
+    }
+    if !json {
+        if let Some(answer) = &transcript.final_answer {
+            out!("{answer}");
+        }
+    }
+    Ok(match (&transcript.stop_reason, &transcript.final_answer) {
+        (reagent::agent::StopReason::Interrupted, _) => ExitCode::from(INTERRUPTED_EXIT),
+        (_, Some(_)) => ExitCode::SUCCESS,
+        (_, None) => ExitCode::from(1),
+    })
+}
+
+/// The tools `run` offers: the built-ins `--builtin` selects, then those of each tools file.
+fn run_tools(a: &RunArgs) -> Result<Vec<Arc<dyn Tool>>> {
+    let mut tools = builtin_tools(&BuiltinOptions {
+        root: a.root.clone(),
+        allow_write: a.allow_write,
+        read_hard_links: a.read_hard_links,
+        ..Default::default()
+    })?;
+    if !a.builtin.is_empty() {
+        let known: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+        if let Some(bad) = a.builtin.iter().find(|b| *b != "none" && !known.contains(b)) {
+            bail!("--builtin {bad}: no such built-in tool (built-ins: {}, none)", known.join(", "));
+        }
+        tools.retain(|t| a.builtin.contains(&t.spec().name));
+    }
+    add_file_and_mcp_tools(&mut tools, &a.tools, &a.mcp)?;
+    Ok(tools)
+}
+
+/// Adds the tools of `files` and starts the MCP servers they and `--mcp` name (once for the whole run
+/// or eval), adding theirs: an MCP tool whose name is taken is offered as `<server>.<tool>`.
+fn add_file_and_mcp_tools(tools: &mut Vec<Arc<dyn Tool>>, files: &[PathBuf], mcp: &[String]) -> Result<()> {
+    let mut configs = Vec::new();
+    for f in files {
+        let contents = read_tools_file(f)?;
+        tools.extend(contents.tools);
+        configs.extend(contents.mcp);
+    }
+    for line in mcp {
+        let mut c = McpConfig::from_command_line(line)?;
+        // Two --mcp servers of one package get distinct names.
+        let base = c.name.clone();
+        for n in 2.. {
+            if !configs.iter().any(|o: &McpConfig| o.name == c.name) {
+                break;
+            }
+            c.name = format!("{base}{n}");
+        }
+        configs.push(c);
+    }
+    let mut servers = Vec::new();
+    for c in &configs {
+        let server = McpServer::spawn(c)?;
+        eprintln!(
+            "MCP server `{}`: {} tools, started in {:.2} s",
+            server.name(),
+            server.tools().len(),
+            server.startup_time().as_secs_f64()
+        );
+        for (tool, why) in server.skipped() {
+            eprintln!("warning: MCP server `{}`: tool `{tool}` left out: {why}", server.name());
+        }
+        servers.push(server);
+    }
+    let names: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
+    let taken: Vec<&str> = names.iter().map(String::as_str).collect();
+    tools.extend(mcp_tools_of(&servers, &taken));
+    Ok(())
+}
+
+/// The agent configuration of `run`'s flags but the decision settings, which depend on the model.
+fn run_config(a: &RunArgs) -> Result<AgentConfig> {
+    let tool_timeout =
+        reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
+    Ok(AgentConfig {
+        tool_choice: a.tool_choice.parse()?,
+        max_steps: a.max_steps,
+        max_retries: a.max_retries,
+        decision: reagent::DecisionOptions {
+            parallel_calls: a.parallel_calls,
+            max_thought_chars: a.max_thought_chars,
+            max_string_chars: a.max_string_chars,
+            ..Default::default()
+        },
+        max_decision_tokens: a.max_decision_tokens,
+        tool_timeout,
+        // Small models answer from memory what a tool would get right, so the CLI's first decision calls.
+        // The native call bias is calibrated on BFCL, where abstaining is often right; on a question about
+        // a file the default model's call margin is -1.4 (it answers "Alibaba Cloud"), so it does not
+        // replace this policy yet.
+        first_decision_calls: !a.allow_direct_answer,
+        call_after_error: !a.allow_direct_answer,
+        ..AgentConfig::default()
+    })
+}
+
+/// `--trace`: every event as a JSON line, flushed as it happens, then the transcript.
+struct Trace {
+    file: BufWriter<File>,
+}
+
+impl Trace {
+    fn create(path: &Path) -> Result<Trace> {
+        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(Trace { file: BufWriter::new(file) })
+    }
+
+    /// A second handle on the file for the event sink, which the agent owns until the run ends.
+    fn events(&self) -> Result<BufWriter<File>> {
+        Ok(BufWriter::new(self.file.get_ref().try_clone().context("opening the trace")?))
+    }
+
+    fn finish(&mut self, transcript: &reagent::Transcript) -> Result<()> {
+        writeln!(self.file, "{}", serde_json::to_string(&serde_json::json!({ "transcript": transcript }))?)?;
+        Ok(self.file.flush()?)
+    }
+}
+
+/// `reagent eval`: each task's result line appended to `--out`, the summary printed (and written as JSON).
+pub(super) fn eval(a: EvalArgs) -> Result<()> {
+    let mut opts = eval_options(&a)?;
+    let tasks = load_tasks(&a.tasks)?;
+    for (field, line) in unknown_fields(&tasks) {
+        eprintln!("warning: {}: unknown task field `{field}` (first on line {line}); ignored", a.tasks.display());
+    }
+    let mut previous = if a.resume { finished_ids(&a.out)? } else { Vec::new() };
+    let done: std::collections::HashSet<String> = previous.iter().map(|r| r.id.clone()).collect();
+    let todo: Vec<_> = tasks.into_iter().filter(|t| !done.contains(&t.id)).collect();
+    // Loaded in dry runs too: a task's `tools` are offered (not run) under their own descriptions.
+    let mut tools = builtin_tools(&BuiltinOptions { root: a.root.clone(), ..Default::default() })?;
+    add_file_and_mcp_tools(&mut tools, &a.tools, &a.mcp)?;
+    let mut out = open_results(&a.out, &a.tasks, a.resume)?;
+    let model = load(&a.model)?;
+    let driver: Box<dyn Driver> = match a.no_grammar {
+        true => Box::new(ModelDriver::free_form(model, Sampling::Greedy, 0)),
+        false => Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?),
+    };
+    let settings = a.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
+    eprintln!("decisions: {settings}");
+    settings.apply(&mut opts.agent);
+    let total = opts.limit.map_or(todo.len(), |l| l.min(todo.len()));
+    let pb = indicatif::ProgressBar::new(total as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} tasks, {msg}, ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    if !done.is_empty() {
+        eprintln!("resuming: {} tasks already in {}", done.len(), a.out.display());
+    }
+    let t0 = Instant::now();
+    let (_, results) = run_eval(driver, &todo, &tools, &opts, &mut out, &mut |n, _| {
+        pb.set_position(n as u64);
+        pb.set_message(format!("{:.1} tasks/min", n as f64 * 60.0 / t0.elapsed().as_secs_f64().max(1e-9)));
+    })?;
+    pb.finish_and_clear();
+    previous.extend(results);
+    let s = Summary::of(&previous);
+    display::eval_summary(&s);
+    if let Some(p) = &a.summary_json {
+        std::fs::write(p, serde_json::to_string_pretty(&s)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// The result file: appended to when resuming, else truncated; never the task file itself.
+fn open_results(out: &PathBuf, tasks: &Path, resume: bool) -> Result<BufWriter<File>> {
+    if let (Ok(o), Ok(t)) = (out.canonicalize(), tasks.canonicalize()) {
+        if o == t {
+            bail!("--out {} is the task file; the results would overwrite the tasks", out.display());
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(resume)
+        .write(true)
+        .truncate(!resume)
+        .open(out)
+        .with_context(|| format!("opening {}", out.display()))?;
+    Ok(BufWriter::new(file))
+}
+
+/// The eval options of `eval`'s flags but the decision settings, which depend on the model.
+fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
+    Ok(EvalOptions {
+        dry_run: a.dry_run,
+        limit: a.limit,
+        agent: AgentConfig {
+            tool_choice: a.tool_choice.parse()?,
+            max_steps: a.max_steps,
+            max_retries: a.max_retries,
+            decision: reagent::DecisionOptions { parallel_calls: a.parallel_calls, ..Default::default() },
+            first_decision_calls: a.first_call,
+            call_after_error: a.first_call,
+            ..AgentConfig::default()
+        },
+    })
+}

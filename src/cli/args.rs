@@ -1,0 +1,358 @@
+//! Command-line flags: one `Args` struct per subcommand, and the decision settings they resolve to.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+
+use reagent::catalog::Catalog;
+
+#[derive(Parser)]
+#[command(name = "reagent", version, about = "A local-model agent with in-process GGUF inference")]
+pub(crate) struct Cli {
+    /// Worker threads for the tensor kernels (default: physical cores).
+    #[arg(long, global = true, env = "REAGENT_THREADS")]
+    pub(crate) threads: Option<usize>,
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// List, fetch or locate catalog models.
+    Models {
+        #[command(subcommand)]
+        cmd: ModelsCmd,
+    },
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(TokenizeArgs),
+    /// Generate text from a prompt, streaming it to stdout (statistics go to stderr).
+    Generate(GenerateArgs),
+    /// Measure prefill and decode throughput.
+    Bench(BenchArgs),
+    /// Run an agent task: decisions under the tool grammar, tool calls, observations, a final answer.
+    Run(RunArgs),
+    /// Run a JSONL task file and score the tool calls.
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct EvalArgs {
+    /// The task file (JSONL).
+    pub(crate) tasks: PathBuf,
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// Where the result lines go (appended to with --resume).
+    #[arg(long)]
+    pub(crate) out: PathBuf,
+    /// Record the calls of each task's first decision without executing anything.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Run at most N tasks.
+    #[arg(long)]
+    pub(crate) limit: Option<usize>,
+    /// Skip the tasks whose ids are already in --out.
+    #[arg(long)]
+    pub(crate) resume: bool,
+    /// auto, required, none, or a tool name.
+    #[arg(long, default_value = "auto")]
+    pub(crate) tool_choice: String,
+    /// Allow up to N tool calls in one decision.
+    #[arg(long)]
+    pub(crate) parallel_calls: Option<usize>,
+    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
+    #[arg(long)]
+    pub(crate) no_grammar: bool,
+    #[arg(long, default_value_t = 8)]
+    pub(crate) max_steps: usize,
+    #[arg(long, default_value_t = 2)]
+    pub(crate) max_retries: usize,
+    /// Write the summary as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) summary_json: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) decision: DecisionArgs,
+    /// Tools file(s) implementing task functions (without --dry-run).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tools: Vec<PathBuf>,
+    /// An MCP server to take tools from, as a command line (repeatable): `--mcp 'npx -y
+    /// @modelcontextprotocol/server-filesystem DIR'`. Tools files take `[[mcp]]` entries too.
+    #[arg(long, value_name = "COMMAND")]
+    pub(crate) mcp: Vec<String>,
+    /// Root of the built-in file tools (without --dry-run).
+    #[arg(long, default_value = ".")]
+    pub(crate) root: PathBuf,
+    /// Under `--tool-choice auto`, the first decision must call a tool, and so must the decision after a
+    /// failed call (as in `reagent run` without --allow-direct-answer).
+    #[arg(long)]
+    pub(crate) first_call: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    /// The task.
+    pub(crate) task: String,
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// A tools file (TOML or JSON) mapping tools to external programs or MCP servers (repeatable).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tools: Vec<PathBuf>,
+    /// An MCP server to take tools from, as a command line (repeatable): `--mcp 'npx -y
+    /// @modelcontextprotocol/server-filesystem DIR'`. Tools files take `[[mcp]]` entries too.
+    #[arg(long, value_name = "COMMAND")]
+    pub(crate) mcp: Vec<String>,
+    /// The directory read_file / list_dir / write_file are confined to.
+    #[arg(long, default_value = ".")]
+    pub(crate) root: PathBuf,
+    /// Offer the write_file tool.
+    #[arg(long)]
+    pub(crate) allow_write: bool,
+    /// Let read_file read files that have other hard links (which may lie outside --root).
+    #[arg(long)]
+    pub(crate) read_hard_links: bool,
+    /// Offer only these built-in tools (repeatable; default: calculator, current_time, read_file, list_dir,
+    /// and write_file with --allow-write). `--builtin none` offers none.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) builtin: Vec<String>,
+    /// auto, required, none, or a tool name.
+    #[arg(long, default_value = "auto")]
+    pub(crate) tool_choice: String,
+    #[arg(long, default_value_t = 8)]
+    pub(crate) max_steps: usize,
+    #[arg(long, default_value_t = 2)]
+    pub(crate) max_retries: usize,
+    /// Allow up to N tool calls in one decision.
+    #[arg(long)]
+    pub(crate) parallel_calls: Option<usize>,
+    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
+    #[arg(long)]
+    pub(crate) no_grammar: bool,
+    /// Ask before each tool call.
+    #[arg(long)]
+    pub(crate) confirm: bool,
+    #[command(flatten)]
+    pub(crate) decision: DecisionArgs,
+    /// Print the events as JSON lines instead of the readable display.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Write every event and the final transcript to this file as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<PathBuf>,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Token limit of one decision.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) max_decision_tokens: usize,
+    /// Maximum characters of a decision's thought (small models ramble).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) max_thought_chars: usize,
+    /// Maximum characters of the answer and of string arguments without their own maxLength.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) max_string_chars: usize,
+    /// Tool call timeout in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub(crate) tool_timeout: f64,
+    /// Let the first decision, and the one after a failed call, answer directly; by default, under `auto`,
+    /// they must call a tool (small models otherwise answer from memory what a tool would get right, and
+    /// answer with an error instead of fixing the call).
+    #[arg(long)]
+    pub(crate) allow_direct_answer: bool,
+    /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
+    #[arg(long)]
+    pub(crate) no_prefix_reuse: bool,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ModelsCmd {
+    /// Name, size, architecture and whether each catalog model is in the local cache.
+    List,
+    /// Download a catalog model into the local cache (verifying size and sha256).
+    Fetch { name: String },
+    /// Print the local path of a model, fetching it first when absent.
+    Path {
+        name: String,
+        /// Fail instead of fetching when the model is not present.
+        #[arg(long)]
+        no_fetch: bool,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct DecisionArgs {
+    /// Decision format: react (reagent's JSON object, any model), native (the model's own tool-call
+    /// syntax, for templates that render tools: Qwen 2.5), or auto (the catalog's choice for the model and
+    /// for single or multi-step runs, else native where the template supports it).
+    #[arg(long, default_value = "auto")]
+    pub(crate) format: String,
+    /// Logit bias for calling a tool over answering, where a native decision starts (default: the
+    /// catalog's value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) call_bias: Option<f32>,
+    /// Logit bias for one more call over ending a native decision after a call (default: the catalog's
+    /// value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) more_calls_bias: Option<f32>,
+    /// Logit bias for closing an object or array of arguments over adding an optional argument or item,
+    /// in a native decision (default: the catalog's value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) close_bias: Option<f32>,
+    /// Under `--tool-choice auto`, turn a first decision into an answer when less than this share of its
+    /// first call's argument values are words of the user's messages: the model called a tool that does
+    /// not fit (default: the catalog's value for the model, else never; 0 disables).
+    #[arg(long)]
+    pub(crate) abstain_below: Option<f32>,
+}
+
+/// What [`DecisionArgs::resolve`] settles.
+pub(crate) struct DecisionSettings {
+    pub(crate) format: reagent::agent::DecisionFormat,
+    pub(crate) biases: reagent::agent::BranchBiases,
+    pub(crate) abstain_below: Option<f32>,
+}
+
+impl DecisionSettings {
+    /// Sets the decision fields of `config`.
+    pub(crate) fn apply(self, config: &mut reagent::AgentConfig) {
+        config.format = self.format;
+        config.branch_biases = self.biases;
+        config.abstain_below = self.abstain_below;
+    }
+}
+
+impl std::fmt::Display for DecisionSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let abstain = self.abstain_below.map_or("never".to_string(), |g| g.to_string());
+        write!(
+            f,
+            "{} format, call bias {}, more-calls bias {}, close bias {}, abstain below {abstain}",
+            self.format, self.biases.call, self.biases.more_calls, self.biases.close
+        )
+    }
+}
+
+impl DecisionArgs {
+    /// The format and biases for `model` (a catalog name or a path), what its driver supports, and whether
+    /// the run goes on after the first decision (`reagent run`: the catalog's `run_format` applies).
+    pub(crate) fn resolve(
+        &self,
+        model: &ModelArgs,
+        supports_native: bool,
+        multi_step: bool,
+    ) -> Result<DecisionSettings> {
+        use reagent::agent::DecisionFormat;
+        let cat = Catalog::builtin();
+        let name = model.model.clone().unwrap_or_else(|| cat.default.clone());
+        let defaults = cat.get(&name).map(|e| e.decision.clone()).unwrap_or_default();
+        let catalog_format = match multi_step {
+            true => defaults.run_format.as_deref().or(defaults.format.as_deref()),
+            false => defaults.format.as_deref(),
+        };
+        let format = match (self.format.as_str(), catalog_format) {
+            ("auto", Some(f)) => f.parse()?,
+            ("auto", None) if supports_native => DecisionFormat::Native,
+            ("auto", None) => DecisionFormat::React,
+            (f, _) => f.parse()?,
+        };
+        let format = match format {
+            DecisionFormat::Native if !supports_native && self.format == "auto" => DecisionFormat::React,
+            f => f,
+        };
+        let biases = reagent::agent::BranchBiases {
+            call: self.call_bias.unwrap_or(defaults.call_bias),
+            more_calls: self.more_calls_bias.unwrap_or(defaults.more_calls_bias),
+            close: self.close_bias.unwrap_or(defaults.close_bias),
+        };
+        let abstain_below = match self.abstain_below.or(defaults.abstain_below) {
+            Some(g) if !(0.0..=1.0).contains(&g) => bail!("--abstain-below must be between 0 and 1, not {g}"),
+            g => g.filter(|&g| g > 0.0),
+        };
+        Ok(DecisionSettings { format, biases, abstain_below })
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct ModelArgs {
+    /// A catalog name (see `reagent models list`) or a path to a GGUF file.
+    #[arg(long, short = 'm')]
+    pub(crate) model: Option<String>,
+    /// Use this tokenizer.json instead of the tokenizer in the GGUF file.
+    #[arg(long)]
+    pub(crate) tokenizer_json: Option<PathBuf>,
+    /// Cap on the context window (tokens).
+    #[arg(long)]
+    pub(crate) context: Option<usize>,
+}
+
+#[derive(Args)]
+pub(crate) struct TokenizeArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// The text to tokenize.
+    #[arg(long)]
+    pub(crate) text: String,
+    /// Parse control tokens such as `<|im_start|>` into their ids.
+    #[arg(long)]
+    pub(crate) special: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct GenerateArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// The prompt (raw text, or the user message with --chat).
+    #[arg(long, short = 'p')]
+    pub(crate) prompt: String,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub(crate) chat: bool,
+    /// A system message (with --chat).
+    #[arg(long)]
+    pub(crate) system: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    pub(crate) max_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub(crate) temperature: f32,
+    #[arg(long)]
+    pub(crate) top_k: Option<usize>,
+    #[arg(long)]
+    pub(crate) top_p: Option<f32>,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    pub(crate) stop: Vec<String>,
+    /// Print the rendered prompt to stderr before generating.
+    #[arg(long)]
+    pub(crate) show_prompt: bool,
+    /// Constrain the output to this JSON schema (a file).
+    #[arg(long, group = "grammar", value_name = "FILE")]
+    pub(crate) json_schema: Option<PathBuf>,
+    /// Constrain the output to this Lark grammar (llguidance dialect; a file).
+    #[arg(long, group = "grammar", value_name = "FILE")]
+    pub(crate) lark: Option<PathBuf>,
+    /// Constrain the whole output to match this regular expression.
+    #[arg(long, group = "grammar", value_name = "RE")]
+    pub(crate) regex: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    #[arg(long, default_value_t = 512)]
+    pub(crate) prompt_tokens: usize,
+    #[arg(long, default_value_t = 128)]
+    pub(crate) gen_tokens: usize,
+    #[arg(long, default_value_t = 3)]
+    pub(crate) runs: usize,
+    /// Print one JSON line instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Measure a decision-shaped generation under the decision grammar against the same one unconstrained.
+    #[arg(long)]
+    pub(crate) constrained: bool,
+}

@@ -1,0 +1,154 @@
+//! The model commands: `models`, `tokenize`, `generate` and `bench`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use reagent::catalog::{self, Catalog, FetchOptions};
+use reagent::{ChatMessage, GenerateParams, Grammar, GrammarEngine, LanguageModel, Sampling};
+
+use super::args::{BenchArgs, GenerateArgs, ModelsCmd, TokenizeArgs};
+use super::{display, load};
+
+/// `reagent tokenize`: the token ids of a text as a JSON array.
+pub(super) fn tokenize(a: TokenizeArgs) -> Result<()> {
+    let model = load(&a.model)?;
+    let ids = model.tokenizer().encode(&a.text, a.special)?;
+    out!("{}", serde_json::to_string(&ids)?);
+    Ok(())
+}
+
+/// `reagent bench`: prefill and decode throughput, or constrained against free decoding.
+pub(super) fn bench(a: BenchArgs, threads: usize) -> Result<()> {
+    let mut model = load(&a.model)?;
+    let params = reagent::bench::BenchParams { prompt_tokens: a.prompt_tokens, gen_tokens: a.gen_tokens, runs: a.runs };
+    if a.constrained {
+        let r = reagent::bench::run_constrained(&mut model, &params, threads)?;
+        match a.json {
+            true => out!("{}", serde_json::to_string(&r)?),
+            false => display::constrained_bench(&r)?,
+        }
+    } else {
+        let r = reagent::bench::run(&mut model, &params, threads)?;
+        match a.json {
+            true => out!("{}", serde_json::to_string(&r)?),
+            false => display::bench(&r)?,
+        }
+    }
+    Ok(())
+}
+
+/// `reagent models list|fetch|path`.
+pub(super) fn models(cmd: ModelsCmd) -> Result<()> {
+    let cat = Catalog::builtin();
+    let opts = FetchOptions::default();
+    match cmd {
+        ModelsCmd::List => {
+            out!("{:<22} {:>9}  {:<7} {:<8} description", "name", "size", "arch", "present");
+            for m in &cat.models {
+                let present = catalog::locate(m, &opts).is_some();
+                let default = if m.name == cat.default { " (default)" } else { "" };
+                out!(
+                    "{:<22} {:>6} MB  {:<7} {:<8} {}{default}",
+                    m.name,
+                    m.bytes / 1_000_000,
+                    m.arch,
+                    if present { "yes" } else { "no" },
+                    m.description
+                );
+            }
+            out!("cache: {}", opts.cache_dir.display());
+        }
+        ModelsCmd::Fetch { name } => {
+            let entry = cat.get(&name).ok_or_else(|| reagent::Error::UnknownModel {
+                name: name.clone(),
+                known: cat.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+            })?;
+            let path = catalog::fetch_model(entry, &opts)?;
+            out!("{}", path.display());
+        }
+        ModelsCmd::Path { name, no_fetch } => {
+            let path = catalog::resolve(&cat, &name, !no_fetch, &opts)?;
+            out!("{}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// `reagent generate`: text streamed to stdout, statistics to stderr.
+pub(super) fn generate(a: GenerateArgs) -> Result<()> {
+    if a.system.is_some() && !a.chat {
+        bail!("--system needs --chat");
+    }
+    let sampling = Sampling::from_params(a.temperature, a.top_k, a.top_p)?;
+    let grammar = grammar(&a)?;
+    let mut model = load(&a.model)?;
+    let tok = model.tokenizer().clone();
+    let prompt = prompt_ids(&a, &model)?;
+    let params = GenerateParams {
+        max_tokens: a.max_tokens,
+        sampling,
+        seed: a.seed,
+        stop_strings: a.stop.clone(),
+        ignore_eos: false,
+    };
+    let stops = model.stop_tokens().to_vec();
+    // Compile the grammar before generating anything, so a bad grammar fails fast and cleanly.
+    let mut constraint = match &grammar {
+        Some(g) => Some(GrammarEngine::new(tok.clone(), model.vocab_size(), &stops)?.constraint(g)?),
+        None => None,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let out = reagent::generate_with(&mut model, &tok, &stops, &prompt, &params, constraint.as_mut(), &mut |t| {
+        if write_err.is_none() {
+            if let Err(e) = stdout.write_all(t.as_bytes()).and_then(|_| stdout.flush()) {
+                write_err = Some(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e).context("writing to stdout");
+    }
+    writeln!(stdout)?;
+    display::generation_stats(&out, constraint.as_ref())
+}
+
+/// The grammar `--json-schema`, `--lark` or `--regex` gives, read and parsed before the model loads.
+fn grammar(a: &GenerateArgs) -> Result<Option<Grammar>> {
+    let read = |p: &PathBuf| reagent::limits::read_input(p, reagent::limits::MAX_INPUT_BYTES);
+    Ok(if let Some(p) = &a.json_schema {
+        let schema = serde_json::from_str(&read(p)?).with_context(|| format!("{}: not valid JSON", p.display()))?;
+        Some(Grammar::JsonSchema(schema))
+    } else if let Some(p) = &a.lark {
+        Some(Grammar::Lark(read(p)?))
+    } else {
+        a.regex.clone().map(Grammar::Regex)
+    })
+}
+
+/// The prompt's token ids: the chat template's rendering with `--chat`, else the raw text after BOS.
+fn prompt_ids(a: &GenerateArgs, model: &reagent::Model) -> Result<Vec<u32>> {
+    let tok = model.tokenizer();
+    let ids = if a.chat {
+        let mut msgs = Vec::new();
+        if let Some(s) = &a.system {
+            msgs.push(ChatMessage::system(s.clone()));
+        }
+        msgs.push(ChatMessage::user(a.prompt.clone()));
+        let text = model.chat_template().render(&msgs, true, None)?;
+        if a.show_prompt {
+            eprintln!("{text}");
+        }
+        tok.encode(&text, true)?
+    } else {
+        let mut ids: Vec<u32> = if tok.add_bos() { tok.bos().into_iter().collect() } else { Vec::new() };
+        ids.extend(tok.encode(&a.prompt, false)?);
+        ids
+    };
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    Ok(ids)
+}

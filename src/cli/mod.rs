@@ -1,0 +1,126 @@
+//! The `reagent` command line: flags ([`args`]), the commands ([`commands`], [`agent`]) and what they
+//! print ([`display`]). Errors are printed with their causes; outcomes map to exit codes (0 ok, 1 the
+//! task ran but did not succeed, 2 usage or I/O errors, 130 interrupted).
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+
+use reagent::catalog::{self, Catalog, FetchOptions};
+use reagent::{LoadOptions, Model};
+
+/// `println!` that returns the write's error (a closed pipe: a quiet exit 0; a full disk: an `error:` line).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+mod agent;
+mod args;
+mod commands;
+mod display;
+
+use args::{Cli, Cmd, ModelArgs};
+
+/// The exit code of a command that an interrupt cut short.
+const INTERRUPTED_EXIT: u8 = 130;
+
+/// Parses the flags, sizes the worker pools, runs the command and turns its outcome into an exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if n == 0 {
+            eprintln!("error: --threads must be at least 1");
+            return ExitCode::from(2);
+        }
+        // candle sizes its worker pools from these variables on first use; nothing has run yet.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    } else if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // Without the variable, candle counts the physical cores by reading /proc/cpuinfo at every f32
+        // matmul (twice per layer in a decode step's attention): 5% of a SmolLM2 decode. Count them once.
+        let n = candle_core::utils::get_num_threads();
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let threads = cli.threads.unwrap_or_else(candle_core::utils::get_num_threads);
+    match cli.cmd {
+        Cmd::Models { cmd } => commands::models(cmd)?,
+        Cmd::Tokenize(a) => commands::tokenize(a)?,
+        Cmd::Generate(a) => commands::generate(a)?,
+        Cmd::Bench(a) => commands::bench(a, threads)?,
+        Cmd::Run(a) => {
+            stop_on_signals();
+            return agent::run_agent(a);
+        }
+        Cmd::Eval(a) => {
+            stop_on_signals();
+            agent::eval(a)?;
+            if reagent::limits::interrupted() {
+                return Ok(ExitCode::from(INTERRUPTED_EXIT));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the model the flags name (the catalog default when none), fetching a catalog model when absent.
+fn load(a: &ModelArgs) -> Result<Model> {
+    let cat = Catalog::builtin();
+    let name = a.model.clone().unwrap_or_else(|| cat.default.clone());
+    let path = catalog::resolve(&cat, &name, true, &FetchOptions::default())?;
+    let opts =
+        LoadOptions { max_context: a.context, tokenizer_json: a.tokenizer_json.clone(), ..LoadOptions::default() };
+    Ok(Model::load(&path, &opts)?)
+}
+
+/// Ends the process for a failed write to stdout outside a `Result` (an event sink): quietly for a closed
+/// pipe, else with the error.
+fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: writing to stdout: {e}");
+    std::process::exit(2);
+}
+
+/// Ctrl-C and SIGTERM ask the run to stop cleanly (`reagent::limits::request_interrupt`: generation
+/// ends, a tool's process group is killed, the trace gets the transcript, an eval stops before its next
+/// task); a second one ends the process at once. Exit code 130 after an interrupt.
+fn stop_on_signals() {
+    #[cfg(unix)]
+    {
+        extern "C" fn on_signal(_: libc::c_int) {
+            if reagent::limits::interrupted() {
+                // SAFETY: _exit is async-signal-safe.
+                unsafe { libc::_exit(130) };
+            }
+            reagent::limits::request_interrupt();
+        }
+        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
+        unsafe {
+            libc::signal(libc::SIGINT, handler);
+            libc::signal(libc::SIGTERM, handler);
+        }
+    }
+}
