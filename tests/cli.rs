@@ -219,6 +219,51 @@ fn eval_refuses_to_write_over_its_task_file() {
     assert_eq!(std::fs::read_to_string(&tasks).unwrap(), format!("{line}\n"), "the tasks are intact");
 }
 
+/// Ctrl-C during an MCP call that never returns: the run ends with stop reason `interrupted` and exit
+/// code 130, and the server (with its process group) is gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_interrupt_during_an_mcp_call_stops_the_server() {
+    use std::time::{Duration, Instant};
+    let model = common::tiny_long_path(Arch::Qwen2);
+    let marker = format!("mcp-interrupt-{}", std::process::id());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mcp/misbehaving.py");
+    let tools = scratch().join("mcp-tools.toml");
+    std::fs::write(
+        &tools,
+        format!(
+            "[[mcp]]\nname = \"t\"\ncommand = \"python3\"\nargs = [{script:?}, \"ok\", {marker:?}]\n\
+             tools = [\"hang\"]\ntimeout_s = 600\n"
+        ),
+    )
+    .unwrap();
+    let trace = scratch().join("mcp-interrupted-trace.jsonl");
+    let child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .args(["run", "--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"])
+        .args(["--tool-choice", "hang", "--max-steps", "3", "--tool-timeout", "600", "--trace"])
+        .args([trace.to_str().unwrap(), "wait"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&trace).unwrap_or_default().contains("tool_call_started") {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the run never called the tool");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(common::processes_matching(&marker).len(), 1, "the server runs during the call");
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "interrupted");
+    let left = common::processes_matching(&marker);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
 /// Ctrl-C during a tool call: the tool's process group is killed, the run ends with stop reason
 /// `interrupted` and exit code 130, and the trace holds every event and the transcript.
 #[cfg(target_os = "linux")]

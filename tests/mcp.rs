@@ -61,7 +61,7 @@ fn pids_with(marker: &str) -> Vec<u32> {
 fn a_server_lists_its_tools_and_answers_calls() {
     let server = McpServer::spawn(&test_server("test", "ok", 10.0)).unwrap();
     let names: Vec<String> = server.tools().iter().map(|t| t.spec().name.clone()).collect();
-    assert_eq!(names, ["echo", "shout", "loose", "fail", "slow", "die"]);
+    assert_eq!(names, ["echo", "shout", "loose", "fail", "slow", "die", "hang"]);
     assert_eq!(server.tools()[0].spec().description, "Returns the message.");
     assert_eq!(server.tools()[0].spec().parameters["required"], json!(["message"]));
     let mut ex = executor(&server);

@@ -45,7 +45,10 @@ pub fn main() -> ExitCode {
         let n = candle_core::utils::get_num_threads();
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
-    match run(cli) {
+    let outcome = run(cli);
+    // A tool call abandoned at its timeout may still hold an MCP server: none outlives the command.
+    reagent::tools::mcp::kill_all();
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             if is_broken_pipe(&e) {

@@ -171,6 +171,9 @@ fn run_with_timeout(tool: Arc<dyn Tool>, args: Value, timeout: Duration) -> Ran 
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new().name("reagent-tool".into()).spawn(move || {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.call(&args)));
+        // Let go of the tool before answering: the agent may drop its own handle right after, and the
+        // last handle's drop (an MCP server's shutdown) must not be left to a thread nobody waits for.
+        drop(tool);
         let _ = tx.send(r);
     });
     if let Err(e) = spawned {

@@ -143,6 +143,9 @@ impl McpServer {
                 .map_err(|e| fail(format!("cannot run `{}`: {e}", config.command)))?
         };
         let pid = transport.id();
+        if let Some(p) = pid {
+            live_groups().push(p);
+        }
         let stderr_tail = Arc::new(Mutex::new(String::new()));
         if let Some(stderr) = stderr {
             runtime.spawn(keep_tail(stderr, stderr_tail.clone()));
@@ -380,14 +383,36 @@ impl Drop for Connection {
         // Close the session (the server sees its stdin end), give it a moment, then kill its group.
         if let Some(mut service) = self.service.take() {
             if tokio::runtime::Handle::try_current().is_err() {
-                let _ = self.runtime.block_on(service.close_with_timeout(Duration::from_secs(2)));
+                let _ = self.runtime.block_on(service.close_with_timeout(Duration::from_secs(1)));
             }
         }
-        #[cfg(unix)]
-        if let Some(pid) = self.pid.and_then(|p| i32::try_from(p).ok()) {
-            // SAFETY: kill(2) on the process group the server leads; no memory is touched.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        if let Some(pid) = self.pid {
+            kill_group(pid);
+            live_groups().retain(|&p| p != pid);
         }
+    }
+}
+
+/// The process groups of the servers started and not yet shut down.
+fn live_groups() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    static LIVE: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn kill_group(pid: u32) {
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) on the process group the server leads; no memory is touched.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    }
+}
+
+/// Kills every MCP server still running (their process groups), for a program about to exit while a
+/// tool call it gave up on still holds a server (a call past the agent's tool timeout runs on, on its
+/// own thread, until the server's own timeout).
+pub fn kill_all() {
+    for pid in std::mem::take(&mut *live_groups()) {
+        kill_group(pid);
     }
 }
 

@@ -4,7 +4,7 @@
 Modes:
   ok           answers like a server should: tools `echo` (a message back), `shout` (upper case), `loose`
                (a schema llguidance cannot compile), `fail` (a result with isError), `slow` (sleeps for
-               its `seconds` argument), `die` (exits in the middle of the call)
+               its `seconds` argument), `die` (exits in the middle of the call), `hang` (never answers)
   exit         exits before answering anything
   hang-init    never answers `initialize`
   garbage      answers `initialize` with a line that is not JSON
@@ -48,6 +48,7 @@ TOOLS = [
         "inputSchema": {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]},
     },
     {"name": "die", "description": "Exits mid-call.", "inputSchema": {"type": "object", "properties": {}}},
+    {"name": "hang", "description": "Never answers.", "inputSchema": {"type": "object", "properties": {}}},
 ]
 
 
@@ -104,6 +105,9 @@ def main():
                 result = text("done")
             elif name == "die":
                 sys.exit(1)
+            elif name == "hang":
+                time.sleep(3600)
+                continue
             else:
                 send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "unknown tool " + name}})
                 continue
