@@ -103,6 +103,26 @@ pub enum Error {
 /// `Result` with reagent's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A message on one line: compilers' source excerpts (`  3 | text`, `    ^^^`) and blank lines are dropped,
+/// an inner `error: ` prefix is removed, and the remaining lines are joined with `: ` (or a space after a
+/// colon). TOML, llguidance and regex errors come over several lines; reagent prints one.
+pub fn one_line(message: &str) -> String {
+    let excerpt = |l: &str| {
+        let t = l.trim_start();
+        let t = t.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start();
+        t.starts_with('|') || l.trim().chars().all(|c| matches!(c, '^' | '~' | '-' | '=' | ' '))
+    };
+    let mut out = String::new();
+    for line in message.lines().filter(|l| !l.trim().is_empty() && !excerpt(l)) {
+        let line = line.trim().trim_start_matches("error: ");
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { ": " });
+        }
+        out.push_str(line);
+    }
+    out
+}
+
 impl Error {
     /// Wraps an `io::Error` with the path it concerns.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {

@@ -74,8 +74,9 @@ fn ggml_type_name(id: u32) -> &'static str {
 
 /// The value of `general.alignment` as the header declares it, before candle reads (and divides by) it:
 /// a walk over the metadata entries only (the header, not the tensor data), skipping each value by its
-/// type. `None` when absent, or when the header cannot be walked (candle then reports the damage).
-fn declared_alignment(bytes: &[u8]) -> Option<u64> {
+/// type. `None` when absent, or when the header cannot be walked (candle then reports the damage);
+/// `Some(None)` when its value is not an integer.
+fn declared_alignment(bytes: &[u8]) -> Option<Option<u64>> {
     struct Walk<'a>(&'a [u8]);
     impl<'a> Walk<'a> {
         fn take(&mut self, n: u64) -> Option<&'a [u8]> {
@@ -123,13 +124,13 @@ fn declared_alignment(bytes: &[u8]) -> Option<u64> {
         let key = w.take(key_len)?;
         let ty = w.uint(4)?;
         if key == b"general.alignment" {
-            return match ty {
+            return Some(match ty {
                 0 | 1 => w.uint(1),   // u8, i8
                 2 | 3 => w.uint(2),   // u16, i16
                 4 | 5 => w.uint(4),   // u32, i32
                 10 | 11 => w.uint(8), // u64, i64
                 _ => None,
-            };
+            });
         }
         w.skip(ty, 0)?;
     }
@@ -156,9 +157,14 @@ impl GgufFile {
         if &magic != b"GGUF" {
             return Err(invalid(format!("bad magic {:?} (expected \"GGUF\")", String::from_utf8_lossy(&magic))));
         }
-        // candle divides by the file's alignment: zero is refused here first.
-        if let Some(0) = declared_alignment(&map) {
-            return Err(invalid("`general.alignment` is 0".into()));
+        // candle divides by the file's alignment (and ignores one of another type): a value that is not a
+        // power of two up to 64 KiB is refused here first.
+        match declared_alignment(&map) {
+            Some(None) => return Err(invalid("`general.alignment` is not an integer".into())),
+            Some(Some(a)) if !a.is_power_of_two() || a > 1 << 16 => {
+                return Err(invalid(format!("`general.alignment` is {a}, not a power of two up to 65536")))
+            }
+            _ => {}
         }
         reader.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&path, e))?;
         let content = gguf_file::Content::read(&mut reader).map_err(|e| {

@@ -73,3 +73,114 @@ pub fn interrupted() -> bool {
 pub fn clear_interrupt() {
     INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
 }
+
+/// A global allocator (the system's) that can hold one thread to a memory budget, for untrusted work that
+/// fuel does not bound: a chat template that doubles a list sixty times asks for 200 GB in a handful of
+/// instructions. The `reagent` binary installs it; a program embedding reagent may too:
+///
+/// ```ignore
+/// #[global_allocator]
+/// static ALLOC: reagent::limits::BudgetAllocator = reagent::limits::BudgetAllocator;
+/// ```
+///
+/// Without it, [`with_memory_budget`] runs its work unbounded.
+pub struct BudgetAllocator;
+
+/// A thread's budget: bytes it holds, the cap, and where to say it was exceeded.
+#[derive(Clone, Copy)]
+struct Budget {
+    used: usize,
+    cap: usize,
+    exceeded: *const std::sync::atomic::AtomicBool,
+}
+
+thread_local! {
+    static BUDGET: std::cell::Cell<Option<Budget>> = const { std::cell::Cell::new(None) };
+}
+
+static BUDGET_ALLOCATOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+// SAFETY: every call is passed to `System` unchanged; the budget only adds bookkeeping in a thread-local
+// `Cell` (no allocation) and, past the cap, parks the thread for good instead of allocating.
+unsafe impl std::alloc::GlobalAlloc for BudgetAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        charge(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        charge(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        refund(layout.size());
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        if new_size > layout.size() {
+            charge(new_size - layout.size());
+        } else {
+            refund(layout.size() - new_size);
+        }
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+fn charge(bytes: usize) {
+    BUDGET_ALLOCATOR.store(true, std::sync::atomic::Ordering::Relaxed);
+    let Ok(Some(mut b)) = BUDGET.try_with(|c| c.get()) else { return };
+    b.used = b.used.saturating_add(bytes);
+    if b.used > b.cap {
+        // Over budget: say so and stop this thread for good, before the allocation is attempted. Its
+        // caller has stopped waiting for it; what it holds (at most the cap) stays allocated.
+        // SAFETY: the flag outlives the thread (the thread owns an `Arc` of it; see with_memory_budget).
+        unsafe { (*b.exceeded).store(true, std::sync::atomic::Ordering::SeqCst) };
+        loop {
+            std::thread::park();
+        }
+    }
+    let _ = BUDGET.try_with(|c| c.set(Some(b)));
+}
+
+fn refund(bytes: usize) {
+    let _ = BUDGET.try_with(|c| {
+        if let Some(mut b) = c.get() {
+            b.used = b.used.saturating_sub(bytes);
+            c.set(Some(b));
+        }
+    });
+}
+
+/// Runs `f` holding it to `cap` bytes of live heap memory when [`BudgetAllocator`] is the global
+/// allocator (on a thread of its own; `None` if `f` went over, the thread then left parked), else just
+/// runs it.
+pub fn with_memory_budget<T: Send + 'static>(cap: usize, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if !BUDGET_ALLOCATOR.load(Ordering::Relaxed) {
+        return Some(f());
+    }
+    let exceeded = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = exceeded.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("reagent-budget".into()).spawn(move || {
+        let budget = Budget { used: 0, cap, exceeded: std::sync::Arc::as_ptr(&flag) };
+        BUDGET.with(|c| c.set(Some(budget)));
+        let out = f();
+        BUDGET.with(|c| c.set(None));
+        let _ = tx.send(out);
+        drop(flag);
+    });
+    if spawned.is_err() {
+        return None;
+    }
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(5)) {
+            Ok(out) => return Some(out),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !exceeded.load(Ordering::SeqCst) => continue,
+            Err(_) => return None,
+        }
+    }
+}

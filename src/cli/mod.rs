@@ -54,7 +54,8 @@ pub fn main() -> ExitCode {
             if is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
+            // One line, whatever the causes' own formatting (TOML and grammar errors quote source lines).
+            eprintln!("error: {}", reagent::error::one_line(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }

@@ -126,15 +126,20 @@ impl GrammarEngine {
     /// token is generated, with llguidance's message naming the offending part.
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint> {
         let what = grammar.kind();
+        // llguidance writes a regex into a Lark literal (`/…/`), where a trailing backslash would escape the
+        // closing slash and change the pattern: check the syntax first.
+        if let Grammar::Regex(r) = grammar {
+            regex::Regex::new(r)
+                .map_err(|e| Error::Grammar(format!("invalid regex: {}", crate::error::one_line(&e.to_string()))))?;
+        }
         // Deeply nested grammars recurse in the compiler: a big stack, not an abort.
         let (matcher, first, first_time) = crate::limits::on_big_stack(|| {
-            let parser = self
-                .factory
-                .create_parser(grammar.to_llguidance())
-                .map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
+            let parser = self.factory.create_parser(grammar.to_llguidance()).map_err(|e| {
+                Error::Grammar(format!("invalid {what}: {}", crate::error::one_line(&format!("{e:#}"))))
+            })?;
             let mut matcher = Matcher::new(Ok(parser));
             if let Some(e) = matcher.get_error() {
-                return Err(Error::Grammar(format!("invalid {what}: {e}")));
+                return Err(Error::Grammar(format!("invalid {what}: {}", crate::error::one_line(&e.to_string()))));
             }
             // The first mask surfaces lexer/parser complexity errors now rather than mid-generation.
             let t = Instant::now();

@@ -52,7 +52,16 @@ impl Gemma3 {
     pub(crate) fn load(g: &mut GgufFile, max_len: usize, dev: &Device) -> Result<Self> {
         let hp = Hparams::read(g, "gemma3")?;
         let (d, hd) = (hp.dim, hp.head_dim);
-        let window = g.usize_or("gemma3.attention.sliding_window", 512)?;
+        let window = match g.usize_or("gemma3.attention.sliding_window", 512)? {
+            0 => {
+                return Err(crate::error::Error::Metadata {
+                    path: g.path().into(),
+                    key: "gemma3.attention.sliding_window".into(),
+                    problem: "is zero".into(),
+                })
+            }
+            w => w,
+        };
         let embed = Weight::load(g, "token_embd.weight", [hp.vocab, d], dev)?;
         let mut blocks = Vec::with_capacity(hp.layers);
         for i in 0..hp.layers {

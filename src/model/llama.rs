@@ -73,7 +73,7 @@ impl Llama {
         } else {
             Linear::new(g, embed.clone())?
         };
-        let rope_dim = g.usize_or(&format!("{arch}.rope.dimension_count"), hd)?;
+        let rope_dim = hp.rope_dims(g, arch)?;
         let style = match variant {
             Variant::Llama => RopeStyle::Interleaved,
             Variant::Qwen2 => RopeStyle::Halves,

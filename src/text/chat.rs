@@ -2,6 +2,8 @@
 //! Hugging Face conventions (`messages`, `add_generation_prompt`, `tools`, `bos_token`, `eos_token`,
 //! `raise_exception`, Python-style `tojson`, Python string methods, trimmed blocks).
 
+use std::sync::Arc;
+
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -84,10 +86,12 @@ impl ChatMessage {
 
 /// A compiled chat template.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    env: Arc<Environment<'static>>,
     source: String,
     bos: String,
     eos: String,
+    /// Where the template came from, named in its errors.
+    origin: Option<String>,
 }
 
 /// `json.dumps` separators (", " and ": "), which HF's `tojson` produces and templates expect.
@@ -135,6 +139,10 @@ fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
 /// Instructions one render may run: Qwen's template with 100 tools uses well under a hundredth of this.
 pub const TEMPLATE_FUEL: u64 = 5_000_000;
 
+/// Heap one render may hold (with the binary's [`crate::limits::BudgetAllocator`]): Qwen's template with
+/// 100 tools needs well under a megabyte.
+pub const TEMPLATE_MEMORY: usize = 256 << 20;
+
 impl ChatTemplate {
     /// Compiles `source`; the tokenizer supplies `bos_token` and `eos_token`.
     pub fn new(source: &str, tok: &Tokenizer) -> Result<Self> {
@@ -154,8 +162,27 @@ impl ChatTemplate {
             "01 January 2026".to_string()
         });
         env.add_template_owned("chat", source.to_string())
-            .map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e:#}")))?;
-        Ok(Self { env, source: source.to_string(), bos: text(tok.bos()), eos: text(tok.eos()) })
+            .map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e}")))?;
+        Ok(Self {
+            env: Arc::new(env),
+            source: source.to_string(),
+            bos: text(tok.bos()),
+            eos: text(tok.eos()),
+            origin: None,
+        })
+    }
+
+    /// Names where the template came from (a model file), for error messages.
+    pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
+        self.origin = Some(origin.into());
+        self
+    }
+
+    fn error(&self, what: String) -> Error {
+        match &self.origin {
+            Some(o) => Error::ChatTemplate(format!("{o}: {what}")),
+            None => Error::ChatTemplate(what),
+        }
     }
 
     /// The template source.
@@ -170,15 +197,26 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String> {
-        let tmpl = self.env.get_template("chat").map_err(|e| Error::ChatTemplate(e.to_string()))?;
-        tmpl.render(minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            tools => tools,
-            bos_token => self.bos,
-            eos_token => self.eos,
-        })
-        .map_err(|e| Error::ChatTemplate(format!("rendering failed: {e:#}")))
+        self.env.get_template("chat").map_err(|e| self.error(e.to_string()))?;
+        let (env, messages, tools) = (self.env.clone(), messages.to_vec(), tools.cloned());
+        let (bos, eos) = (self.bos.clone(), self.eos.clone());
+        // Fuel bounds the instructions; the memory budget bounds what a few instructions can ask for.
+        let rendered = crate::limits::with_memory_budget(TEMPLATE_MEMORY, move || {
+            let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
+            tmpl.render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                tools => tools,
+                bos_token => bos,
+                eos_token => eos,
+            })
+            .map_err(|e| e.to_string())
+        });
+        match rendered {
+            Some(Ok(text)) => Ok(text),
+            Some(Err(e)) => Err(self.error(format!("rendering failed: {e}"))),
+            None => Err(self.error(format!("rendering failed: it needs more than {} MiB", TEMPLATE_MEMORY >> 20))),
+        }
     }
 }
 

@@ -49,7 +49,13 @@ impl Model {
             None => None,
         };
         let stop_tokens = chat::stop_tokens(&tokenizer, eot);
-        let chat = ChatTemplate::new(&template, &tokenizer)?;
+        let origin = path.display().to_string();
+        let chat = ChatTemplate::new(&template, &tokenizer)
+            .map_err(|e| match e {
+                Error::ChatTemplate(m) => Error::ChatTemplate(format!("{origin}: {m}")),
+                e => e,
+            })?
+            .with_origin(origin);
         Ok(Self { lm, tokenizer: Arc::new(tokenizer), chat, stop_tokens })
     }
 

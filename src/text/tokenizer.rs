@@ -75,7 +75,7 @@ const GPT2_WORDS: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)";
 
-fn pre_regexes(pre: &str) -> Result<&'static [&'static str]> {
+fn pre_regexes(pre: &str) -> std::result::Result<&'static [&'static str], String> {
     Ok(match pre {
         "qwen2" | "deepseek-r1-qwen" => &[QWEN2],
         "llama3" | "llama-bpe" | "smaug-bpe" => &[LLAMA3],
@@ -84,10 +84,10 @@ fn pre_regexes(pre: &str) -> Result<&'static [&'static str]> {
         }
         "gpt2" | "gpt-2" | "default" | "phi-2" | "jina-es" | "jina-de" => &[GPT2_WORDS],
         other => {
-            return Err(Error::Tokenizer(format!(
-                "unsupported BPE pre-tokenizer `tokenizer.ggml.pre = {other}` \
-                 (supported: qwen2, llama3, smollm, starcoder, gpt2, default)"
-            )))
+            return Err(format!(
+                "`{other}` is not a supported BPE pre-tokenizer (supported: qwen2, llama3, smollm, starcoder, \
+                 gpt2, default)"
+            ))
         }
     })
 }
@@ -118,28 +118,30 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
+        let bad = |key: &str, problem: String| Error::Metadata { path: gguf.path().into(), key: key.into(), problem };
         let model = gguf.str("tokenizer.ggml.model")?.to_string();
         let texts: Vec<String> = gguf.str_array("tokenizer.ggml.tokens")?.into_iter().map(String::from).collect();
+        if texts.is_empty() {
+            return Err(bad("tokenizer.ggml.tokens", "is empty".into()));
+        }
         let kinds: Vec<TokenKind> = if gguf.get("tokenizer.ggml.token_type").is_some() {
             gguf.i64_array("tokenizer.ggml.token_type")?.into_iter().map(TokenKind::from_gguf).collect()
         } else {
             vec![TokenKind::Normal; texts.len()]
         };
         if kinds.len() != texts.len() {
-            return Err(Error::Tokenizer(format!(
-                "{}: {} token types for {} tokens",
-                gguf.path().display(),
-                kinds.len(),
-                texts.len()
-            )));
+            return Err(bad(
+                "tokenizer.ggml.token_type",
+                format!("has {} entries for {} tokens", kinds.len(), texts.len()),
+            ));
         }
         let opt_id = |key: &str| -> Result<Option<u32>> {
             match gguf.get(key) {
                 None => Ok(None),
-                Some(_) => {
-                    let id = gguf.u64(key)?;
-                    Ok((id < texts.len() as u64).then_some(id as u32))
-                }
+                Some(_) => match gguf.u64(key)? {
+                    id if id < texts.len() as u64 => Ok(Some(id as u32)),
+                    id => Err(bad(key, format!("is {id}, outside the vocabulary of {} tokens", texts.len()))),
+                },
             }
         };
         let bos = opt_id("tokenizer.ggml.bos_token_id")?;
@@ -156,12 +158,16 @@ impl Tokenizer {
                     .into_iter()
                     .enumerate()
                     .map(|(i, m)| {
-                        m.split_once(' ')
-                            .map(|(a, b)| (a.to_string(), b.to_string()))
-                            .ok_or_else(|| Error::Tokenizer(format!("merge {i} `{m}` has no space separator")))
+                        m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| {
+                            bad("tokenizer.ggml.merges", format!("entry {i} `{m}` has no space separator"))
+                        })
                     })
                     .collect::<Result<_>>()?;
-                let engine = Engine::Bpe(Box::new(build_bpe(&texts, merges, &pre)?));
+                let regexes = pre_regexes(&pre).map_err(|e| bad("tokenizer.ggml.pre", e))?;
+                let engine = Engine::Bpe(Box::new(build_bpe(&texts, merges, regexes).map_err(|e| match e {
+                    Error::Tokenizer(m) => bad("tokenizer.ggml.merges", m),
+                    e => e,
+                })?));
                 let table = byte_level_decode_table();
                 let bytes = texts
                     .iter()
@@ -209,10 +215,7 @@ impl Tokenizer {
                 (Engine::Spm(Box::new(spm)), bytes)
             }
             other => {
-                return Err(Error::Tokenizer(format!(
-                    "{}: unsupported tokenizer model `{other}` (supported: gpt2, llama)",
-                    gguf.path().display()
-                )))
+                return Err(bad("tokenizer.ggml.model", format!("`{other}` is not supported (supported: gpt2, llama)")))
             }
         };
         let mut specials: Vec<u32> = (0..texts.len() as u32)
@@ -397,14 +400,14 @@ enum Fragment<'a> {
     Token(u32),
 }
 
-fn build_bpe(texts: &[String], merges: Vec<(String, String)>, pre: &str) -> Result<tokenizers::Tokenizer> {
+fn build_bpe(texts: &[String], merges: Vec<(String, String)>, pre: &[&str]) -> Result<tokenizers::Tokenizer> {
     let vocab: tokenizers::models::bpe::Vocab = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .build()
         .map_err(|e| Error::Tokenizer(format!("building BPE model: {e}")))?;
     let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
-    for re in pre_regexes(pre)? {
+    for re in pre {
         let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
             .map_err(|e| Error::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
         steps.push(split.into());

@@ -118,12 +118,15 @@ pub fn read_tools_file(path: &Path) -> Result<ToolsFileContents> {
     } else {
         toml::from_str(&text).map_err(|e| bad(e.to_string()))?
     };
-    let tools = file
+    let tools: Vec<Arc<dyn Tool>> = file
         .tools
         .into_iter()
         .map(|d| ProgramTool::from_def(d).map(|t| Arc::new(t) as Arc<dyn Tool>))
         .collect::<Result<_>>()?;
     let mcp = super::mcp::configs_from(file.mcp, &path.display().to_string())?;
+    if tools.is_empty() && mcp.is_empty() {
+        return Err(bad("declares no tools (`[[tool]]`) and no MCP servers (`[[mcp]]`)".into()));
+    }
     Ok(ToolsFileContents { tools, mcp })
 }
 
