@@ -109,18 +109,27 @@ impl Catalog {
     }
 }
 
-/// Where downloaded models are kept: `$REAGENT_MODELS_DIR`, else `models/cache` in the source tree this
-/// binary was built from (when it exists), else `~/.cache/reagent/models`.
+/// Where downloaded models are kept: `$REAGENT_MODELS_DIR`; else, for the repository's own tests and CLI
+/// runs inside its source tree (the working directory is in it), `models/cache` there; else the platform
+/// cache directory, `$XDG_CACHE_HOME/reagent/models` or `~/.cache/reagent/models`. (A crate built as a
+/// dependency thus never keeps models inside the package registry's copy of reagent.)
 pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("REAGENT_MODELS_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);
     }
-    let in_tree = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    if in_tree.join("catalog.toml").is_file() {
-        return in_tree.join("cache");
+    let tree = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let inside = std::env::current_dir().ok().zip(tree.canonicalize().ok()).is_some_and(|(cwd, t)| cwd.starts_with(t));
+    if inside && tree.join("models/catalog.toml").is_file() {
+        return tree.join("models/cache");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    home.join(".cache").join("reagent").join("models")
+    platform_cache_dir().join("reagent").join("models")
+}
+
+fn platform_cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| Path::new(d).is_absolute()) {
+        return PathBuf::from(d);
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")).unwrap_or_else(std::env::temp_dir)
 }
 
 /// How fetching is done; the defaults are right for users, tests override them.

@@ -10,17 +10,20 @@
 //!   model layer uses.
 //! - [`Tokenizer`]: built from the GGUF metadata; `encode(text, parse_special)`, exact token bytes.
 //! - [`ChatTemplate`] and [`ChatMessage`]: the model's Jinja chat template.
-//! - [`generate`](decode::generate::generate) with [`GenerateParams`] and [`Sampling`].
+//! - [`Model::generate`], [`Model::chat`] and [`Model::chat_constrained`] with [`GenerateParams`] and
+//!   [`Sampling`]; [`generate`](decode::generate::generate) and [`generate_with`] for token-level control.
 //! - [`catalog`]: model names, the local cache and fetching.
 //! - [`GrammarEngine`] / [`Constraint`]: llguidance-constrained decoding ([`generate_with`]).
-//! - [`Agent`] (built with [`Agent::builder`]), [`Tool`], [`ToolSpec`], [`Transcript`]: the ReAct agent; see
-//!   [`agent`] for an example.
+//! - [`Agent`] (built with [`Agent::builder`]), [`Tool`], [`TypedTool`], [`ToolSpec`], [`Transcript`],
+//!   [`AgentEvent`], [`StopReason`]: the ReAct agent; see [`agent`] for an example. Tools also come from
+//!   MCP servers ([`tools::mcp::McpServer`]).
+//!
+//! `bench`, `eval` and the model's kernel modules are the CLI's and the tests' (hidden from these docs).
 //!
 //! ## Usage
 //! 1. Resolve a model name to a file ([`catalog::resolve`]), fetching it if needed.
 //! 2. Load it with [`Model::load`].
-//! 3. Render a conversation with the chat template and encode it with special tokens parsed.
-//! 4. Generate, streaming text to a callback.
+//! 3. Generate from a conversation ([`Model::chat`]), streaming text to a callback.
 //!
 //! Set `RAYON_NUM_THREADS` before the first model call (the `reagent` binary does): without it candle
 //! counts the physical cores from `/proc/cpuinfo` at every f32 matmul, twice per layer per decode step.
@@ -32,19 +35,19 @@
 //! let cat = catalog::Catalog::builtin();
 //! let path = catalog::resolve(&cat, "smollm2-135m", true, &catalog::FetchOptions::default())?;
 //! let mut model = Model::load(&path, &LoadOptions::default())?;
-//! let prompt = model.chat_template().render(&[ChatMessage::user("What is the capital of France?")], true, None)?;
-//! let tokens = model.tokenizer().encode(&prompt, true)?;
-//! let (tok, stops) = (model.tokenizer().clone(), model.stop_tokens().to_vec());
-//! let out = reagent::generate(&mut model, &tok, &stops, &tokens, &GenerateParams::default(), &mut |t| print!("{t}"))?;
+//! let question = [ChatMessage::user("What is the capital of France?")];
+//! let out = model.chat(&question, &GenerateParams::default(), &mut |t| print!("{t}"))?;
 //! eprintln!("\n{} tokens at {:.1} tok/s", out.stats.generated_tokens, out.stats.decode_tok_s());
 //! # Ok(()) }
 //! ```
 
 pub mod agent;
+#[doc(hidden)]
 pub mod bench;
 pub mod catalog;
 pub mod decode;
 pub mod error;
+#[doc(hidden)]
 pub mod eval;
 pub mod gguf;
 pub mod limits;
@@ -53,13 +56,13 @@ pub mod text;
 pub mod tools;
 
 pub use agent::decision::{decision_schema, Decision, DecisionOptions, ToolChoice};
-pub use agent::{Agent, AgentConfig, Transcript};
+pub use agent::{Agent, AgentConfig, AgentEvent, StopReason, Transcript};
 pub use decode::constraint::{Constraint, ConstraintStats, Grammar, GrammarEngine};
-pub use decode::generate::{generate, generate_with, GenerateParams, Generation, GenerationStats, StopReason};
+pub use decode::generate::{generate, generate_with, FinishReason, GenerateParams, Generation, GenerationStats};
 pub use decode::sampler::{Sampler, Sampling};
 pub use error::{Error, Result};
 pub use model::{LanguageModel, LoadOptions};
 pub use text::chat::{ChatMessage, ChatTemplate, Role};
 pub use text::tokenizer::Tokenizer;
 pub use text::Model;
-pub use tools::{Tool, ToolCall, ToolSpec};
+pub use tools::{Tool, ToolCall, ToolSpec, TypedTool};

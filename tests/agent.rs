@@ -19,10 +19,10 @@ fn calc() -> impl reagent::Tool {
         /// An arithmetic expression.
         expression: String,
     }
-    TypedTool::new("calc", "Adds two numbers written as `a+b`.", |a: Args| {
+    TypedTool::new("calc", "Adds two numbers written as `a+b`.", |a: Args| -> Result<i64, ToolError> {
         let (x, y) = a.expression.split_once('+').ok_or_else(|| ToolError("expected a+b".into()))?;
         let n = |s: &str| s.trim().parse::<i64>().map_err(|e| ToolError(format!("`{s}`: {e}")));
-        Ok(json!(n(x)? + n(y)?))
+        Ok(n(x)? + n(y)?)
     })
     .unwrap()
 }

@@ -1,5 +1,5 @@
-//! Agent runs on the default model, `qwen2.5-coder-0.5b` (491 MB): checked when the model is present or
-//! required (`REAGENT_TEST_MODELS=all`, as in `.ci/run`). Greedy decoding, so the runs are reproducible.
+//! Agent runs on the default model, `qwen2.5-coder-0.5b` (491 MB): ignored unless the tests are built with
+//! `REAGENT_TEST_MODELS` naming it (`all` in `.ci/run`). Greedy decoding, so the runs are reproducible.
 
 mod common;
 
@@ -7,13 +7,13 @@ use reagent::agent::{Agent, AgentConfig, BranchBiases, DecisionFormat, ModelDriv
 use reagent::tools::{builtin_tools, BuiltinOptions};
 use reagent::{LoadOptions, Model, Sampling};
 
-fn run(task: &str, root: &std::path::Path, only: &[&str]) -> Option<Transcript> {
+fn run(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
     run_with(task, root, only, AgentConfig { first_decision_calls: true, ..AgentConfig::default() })
 }
 
 /// The native format with the catalog's biases for this model and a first decision that calls, as
 /// `reagent run` uses it.
-fn run_native(task: &str, root: &std::path::Path, only: &[&str]) -> Option<Transcript> {
+fn run_native(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
     let biases = BranchBiases { call: -1.5, more_calls: 13.0, close: 3.0 };
     let config = AgentConfig {
         format: DecisionFormat::Native,
@@ -24,8 +24,8 @@ fn run_native(task: &str, root: &std::path::Path, only: &[&str]) -> Option<Trans
     run_with(task, root, only, config)
 }
 
-fn run_with(task: &str, root: &std::path::Path, only: &[&str], config: AgentConfig) -> Option<Transcript> {
-    let path = common::optional_model_path("qwen2.5-coder-0.5b")?;
+fn run_with(task: &str, root: &std::path::Path, only: &[&str], config: AgentConfig) -> Transcript {
+    let path = common::require_model("qwen2.5-coder-0.5b");
     let model = Model::load(&path, &LoadOptions::default()).unwrap();
     let mut tools = builtin_tools(&BuiltinOptions { root: root.into(), ..Default::default() }).unwrap();
     tools.retain(|t| only.is_empty() || only.contains(&t.spec().name.as_str()));
@@ -35,7 +35,7 @@ fn run_with(task: &str, root: &std::path::Path, only: &[&str], config: AgentConf
         .config(config)
         .build()
         .unwrap();
-    Some(agent.run(task).unwrap())
+    agent.run(task).unwrap()
 }
 
 fn called(t: &Transcript, tool: &str) -> bool {
@@ -43,28 +43,40 @@ fn called(t: &Transcript, tool: &str) -> bool {
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
 fn arithmetic_goes_through_the_calculator() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(t) = run("What is 37 * 43 + 12?", dir.path(), &["calculator"]) else { return };
+    let t = run("What is 37 * 43 + 12?", dir.path(), &["calculator"]);
     assert!(called(&t, "calculator"), "{t:#?}");
     assert_eq!(t.stop_reason, StopReason::FinalAnswer);
     assert!(t.final_answer.as_deref().unwrap().contains("1603"), "{:?}", t.final_answer);
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
 fn a_file_question_is_answered_from_the_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("project.txt"), "Project Falcon\nowner: Maria Lopez\nbudget: 42000 EUR\n").unwrap();
-    let Some(t) = run("Who is the owner of the project described in project.txt?", dir.path(), &[]) else { return };
+    let t = run("Who is the owner of the project described in project.txt?", dir.path(), &[]);
     assert!(called(&t, "read_file"), "{t:#?}");
     assert!(t.final_answer.as_deref().unwrap().contains("Maria Lopez"), "{:?}", t.final_answer);
     assert!(t.steps.iter().skip(1).all(|s| s.stats.reused_tokens > 0));
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
 fn native_decisions_use_the_calculator_and_answer_from_its_result() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(t) = run_native("What is 37 * 43 + 12?", dir.path(), &["calculator"]) else { return };
+    let t = run_native("What is 37 * 43 + 12?", dir.path(), &["calculator"]);
     assert!(called(&t, "calculator"), "{t:#?}");
     assert_eq!(t.stop_reason, StopReason::FinalAnswer);
     assert!(t.final_answer.as_deref().unwrap().contains("1603"), "{:?}", t.final_answer);
@@ -76,9 +88,7 @@ fn native_decisions_use_the_calculator_and_answer_from_its_result() {
 fn native_decisions_read_the_file_before_answering() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("project.txt"), "Project Falcon\nowner: Maria Lopez\nbudget: 42000 EUR\n").unwrap();
-    let Some(t) = run_native("Who is the owner of the project described in project.txt?", dir.path(), &[]) else {
-        return;
-    };
+    let t = run_native("Who is the owner of the project described in project.txt?", dir.path(), &[]);
     assert!(called(&t, "read_file"), "{t:#?}");
     assert!(t.final_answer.as_deref().unwrap().contains("Maria Lopez"), "{:?}", t.final_answer);
 }

@@ -268,7 +268,7 @@ fn forced_tokens_are_counted_and_structure_is_forced() {
     let forced = c.stats().forced_tokens;
     let prefix = tok.encode(r#"{"thought":""#, false).unwrap().len();
     assert!(forced >= prefix + 10, "only {forced} forced tokens: {} ({:?})", g.text, g.stop);
-    assert_eq!(g.stop, reagent::StopReason::GrammarComplete);
+    assert_eq!(g.stop, reagent::FinishReason::GrammarComplete);
     assert_eq!(forced + c.stats().sampled_tokens, g.tokens.len());
 }
 

@@ -72,17 +72,21 @@ fn smollm2_q4_1_matches_the_f32_reference() {
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
 fn qwen_q5_0_q4_k_q6_k_q8_0_match_the_f32_reference() {
-    if let Some(p) = common::optional_model_path("qwen2.5-coder-0.5b") {
-        compare(p);
-    }
+    compare(common::require_model("qwen2.5-coder-0.5b"));
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_gemma),
+    ignore = "needs gemma3-270m: build the tests with REAGENT_TEST_MODELS=gemma3-270m (or all)"
+)]
 fn gemma3_matches_the_f32_reference() {
-    if let Some(p) = common::optional_model_path("gemma3-270m") {
-        compare(p);
-    }
+    compare(common::require_model("gemma3-270m"));
 }
 
 /// The batched prefill against the same prompt fed one token at a time (the mat-vec kernels): on the
@@ -113,15 +117,19 @@ fn smollm2_batched_prefill_matches_stepwise_decode() {
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
 fn qwen_batched_prefill_matches_stepwise_decode() {
-    if let Some(p) = common::optional_model_path("qwen2.5-coder-0.5b") {
-        assert!(prefill_matches_stepwise(p) < 0.2);
-    }
+    assert!(prefill_matches_stepwise(common::require_model("qwen2.5-coder-0.5b")) < 0.2);
 }
 
 #[test]
+#[cfg_attr(
+    not(reagent_test_gemma),
+    ignore = "needs gemma3-270m: build the tests with REAGENT_TEST_MODELS=gemma3-270m (or all)"
+)]
 fn gemma3_batched_prefill_matches_stepwise_decode() {
-    if let Some(p) = common::optional_model_path("gemma3-270m") {
-        assert!(prefill_matches_stepwise(p) < 0.2);
-    }
+    assert!(prefill_matches_stepwise(common::require_model("gemma3-270m")) < 0.2);
 }

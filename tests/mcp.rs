@@ -355,6 +355,8 @@ fn the_default_model_uses_the_filesystem_server_from_the_command_line() {
     let server = format!("{} {}", npm_server("mcp-server-filesystem").display(), dir.path().display());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_reagent"))
         .current_dir(dir.path())
+        // Run outside the source tree, the binary would look in the platform cache: use the tree's.
+        .env("REAGENT_MODELS_DIR", reagent::catalog::cache_dir())
         .args(["run", "--builtin", "none", "--json", "--mcp", &server, "How many lines does notes.txt have?"])
         .output()
         .unwrap();

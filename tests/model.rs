@@ -6,7 +6,7 @@ mod common;
 use common::{scratch, tiny_model, tiny_path, ARCHS};
 use reagent::model::tiny::{write_tiny_gguf, TinySpec};
 use reagent::model::Arch;
-use reagent::{generate, ChatMessage, GenerateParams, LanguageModel, LoadOptions, Model, Sampling, StopReason};
+use reagent::{generate, ChatMessage, FinishReason, GenerateParams, LanguageModel, LoadOptions, Model, Sampling};
 
 #[test]
 fn every_architecture_loads_and_gives_finite_logits() {
@@ -107,7 +107,7 @@ fn greedy_generation_is_deterministic_and_seeded_sampling_reproducible() {
         let b = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
         assert_eq!(a.tokens, b.tokens, "{arch:?}");
         assert_eq!(a.tokens.len(), 12);
-        assert_eq!(a.stop, StopReason::MaxTokens);
+        assert_eq!(a.stop, FinishReason::MaxTokens);
 
         let mut sampled = |seed| {
             let p = GenerateParams {
@@ -141,7 +141,7 @@ fn streamed_text_equals_the_returned_text_and_stop_strings_cut_it() {
         let g = generate(&mut m, &tok, &[], &prompt, &p, &mut |t| streamed.push_str(t)).unwrap();
         assert_eq!(g.text, full.text[..cut]);
         assert_eq!(streamed, g.text);
-        assert_eq!(g.stop, StopReason::StopString { stop });
+        assert_eq!(g.stop, FinishReason::StopString { stop });
     }
 }
 
@@ -156,7 +156,7 @@ fn stop_tokens_end_generation() {
     let first = free.tokens[0];
     let g = generate(&mut m, &tok, &[first], &prompt, &GenerateParams { ignore_eos: false, ..params }, &mut |_| {})
         .unwrap();
-    assert_eq!(g.stop, StopReason::StopToken { token: first });
+    assert_eq!(g.stop, FinishReason::StopToken { token: first });
     assert!(g.tokens.is_empty());
 }
 

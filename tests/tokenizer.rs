@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{optional_model_path, real_model_path, tiny_model};
+use common::{real_model_path, require_model, tiny_model};
 use reagent::gguf::GgufFile;
 use reagent::model::Arch;
 use reagent::Tokenizer;
@@ -125,19 +125,21 @@ fn smollm2_matches_llama_cpp() {
     check_fixture(&real_model_path("smollm2-135m"), "SmolLM2-135M-Instruct.Q4_1.json");
 }
 
-/// The bigger files are checked when present; `.ci/run` requires them (REAGENT_TEST_MODELS=all).
+/// The bigger files: `.ci/run` requires them (REAGENT_TEST_MODELS=all).
 #[test]
-fn qwen2_matches_llama_cpp_when_present() {
-    match optional_model_path("qwen2.5-coder-0.5b") {
-        Some(p) => check_fixture(&p, "qwen2.5-coder-0.5b-instruct-q4_k_m.json"),
-        None => eprintln!("qwen2.5-coder-0.5b not in the cache: fixture not checked"),
-    }
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
+fn qwen2_matches_llama_cpp() {
+    check_fixture(&require_model("qwen2.5-coder-0.5b"), "qwen2.5-coder-0.5b-instruct-q4_k_m.json");
 }
 
 #[test]
-fn gemma3_matches_llama_cpp_when_present() {
-    match optional_model_path("gemma3-270m") {
-        Some(p) => check_fixture(&p, "gemma3-270m-q4_k_m.json"),
-        None => eprintln!("gemma3-270m not in the cache: fixture not checked"),
-    }
+#[cfg_attr(
+    not(reagent_test_gemma),
+    ignore = "needs gemma3-270m: build the tests with REAGENT_TEST_MODELS=gemma3-270m (or all)"
+)]
+fn gemma3_matches_llama_cpp() {
+    check_fixture(&require_model("gemma3-270m"), "gemma3-270m-q4_k_m.json");
 }

@@ -12,7 +12,7 @@ use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
 use super::native::{self, NativeTokens};
 use crate::decode::constraint::{BranchBias, BranchPoint, Grammar, GrammarEngine};
-use crate::decode::generate::{generate_continuing, GenerateParams, Prompt, StopReason};
+use crate::decode::generate::{generate_continuing, FinishReason, GenerateParams, Prompt};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -46,7 +46,7 @@ pub struct DriverOutput {
 }
 
 /// Produces decisions.
-pub trait Driver {
+pub trait Driver: Send {
     /// `constrained`, `free-form` or `scripted`.
     fn name(&self) -> &'static str;
     /// Generates the next decision's text.
@@ -223,9 +223,9 @@ impl Driver for ModelDriver {
         // Under a grammar: complete when the grammar is (even if the last token also hit the limit).
         // Free: when it stopped by itself, or a whole JSON object came out before the limit cut it.
         let complete = match (&constraint, &g.stop) {
-            (Some(c), s) => c.is_finished() || *s == StopReason::GrammarComplete,
+            (Some(c), s) => c.is_finished() || *s == FinishReason::GrammarComplete,
             (None, s) => {
-                !matches!(s, StopReason::MaxTokens | StopReason::ContextFull) || extract_json(&g.text).is_some()
+                !matches!(s, FinishReason::MaxTokens | FinishReason::ContextFull) || extract_json(&g.text).is_some()
             }
         };
         let stats = DecisionStats {

@@ -97,11 +97,11 @@ pub enum AgentEvent {
 }
 
 /// Receives events.
-pub trait EventSink {
+pub trait EventSink: Send {
     fn on_event(&mut self, event: &AgentEvent);
 }
 
-impl<F: FnMut(&AgentEvent)> EventSink for F {
+impl<F: FnMut(&AgentEvent) + Send> EventSink for F {
     fn on_event(&mut self, event: &AgentEvent) {
         self(event)
     }

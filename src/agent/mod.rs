@@ -217,10 +217,7 @@ fn grammar_specs(
             Ok(()) => looser,
             Err(_) => serde_json::json!({"type": "object", "additionalProperties": true}),
         };
-        // llguidance's message shows the regex over several lines; its last line says what is wrong.
-        let e = e.to_string();
-        let why = e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(&e);
-        relaxed.push((spec.name.clone(), why.trim().trim_start_matches("error: ").to_string()));
+        relaxed.push((spec.name.clone(), crate::error::one_line(&e.to_string())));
     }
     if relaxed.is_empty() {
         return Err(first_error);

@@ -65,7 +65,7 @@ pub(super) fn generation_stats(out: &reagent::Generation, constraint: Option<&re
             mean,
             p50,
             p99,
-            matches!(out.stop, reagent::StopReason::GrammarComplete) || c.is_finished()
+            matches!(out.stop, reagent::FinishReason::GrammarComplete) || c.is_finished()
         );
     }
     Ok(())

@@ -35,7 +35,7 @@ impl Default for GenerateParams {
 /// Why generation ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
-pub enum StopReason {
+pub enum FinishReason {
     /// The model emitted a stop token (not included in the text).
     StopToken { token: u32 },
     /// A stop string appeared (not included in the text).
@@ -92,7 +92,7 @@ pub(crate) fn rate(n: usize, d: Duration) -> f64 {
 pub struct Generation {
     pub text: String,
     pub tokens: Vec<u32>,
-    pub stop: StopReason,
+    pub stop: FinishReason,
     pub stats: GenerationStats,
 }
 
@@ -170,17 +170,17 @@ pub fn generate_continuing(
     let t1 = Instant::now();
     let stop = loop {
         if tokens.len() >= params.max_tokens {
-            break StopReason::MaxTokens;
+            break FinishReason::MaxTokens;
         }
         if crate::limits::interrupted() {
-            break StopReason::Interrupted;
+            break FinishReason::Interrupted;
         }
         if let Some(c) = constraint.as_deref_mut() {
             let mut forced = c.forced_tokens()?;
             if !forced.is_empty() {
                 forced.truncate(params.max_tokens - tokens.len());
                 if prompt.len() + tokens.len() + forced.len() > capacity {
-                    break StopReason::ContextFull;
+                    break FinishReason::ContextFull;
                 }
                 let pos = prompt.len() + tokens.len();
                 for &t in &forced {
@@ -191,13 +191,13 @@ pub fn generate_continuing(
                     break s;
                 }
                 if tokens.len() >= params.max_tokens {
-                    break StopReason::MaxTokens;
+                    break FinishReason::MaxTokens;
                 }
                 logits = model.forward(&forced, pos)?;
                 continue;
             }
             if c.is_finished() {
-                break StopReason::GrammarComplete;
+                break FinishReason::GrammarComplete;
             }
             c.mask_logits(&mut logits)?;
         }
@@ -211,7 +211,7 @@ pub fn generate_continuing(
             c.consume(next)?;
         }
         if !params.ignore_eos && stop_tokens.contains(&next) {
-            break StopReason::StopToken { token: next };
+            break FinishReason::StopToken { token: next };
         }
         tokens.push(next);
         out.push(tok, next, on_text);
@@ -219,10 +219,10 @@ pub fn generate_continuing(
             break s;
         }
         if prompt.len() + tokens.len() >= capacity {
-            break StopReason::ContextFull;
+            break FinishReason::ContextFull;
         }
         if tokens.len() >= params.max_tokens {
-            break StopReason::MaxTokens;
+            break FinishReason::MaxTokens;
         }
         logits = model.forward(&[next], prompt.len() + tokens.len() - 1)?;
     };
@@ -268,18 +268,18 @@ impl<'a> TextOut<'a> {
     }
 
     /// Cuts the text before the first stop string, if one appeared.
-    fn check_stop(&mut self, on_text: &mut dyn FnMut(&str)) -> Option<StopReason> {
+    fn check_stop(&mut self, on_text: &mut dyn FnMut(&str)) -> Option<FinishReason> {
         let (at, s) = find_stop(&self.text, self.stops, self.emitted.saturating_sub(self.hold))?;
         self.text.truncate(at);
         if at > self.emitted {
             on_text(&self.text[self.emitted..]);
         }
         self.emitted = self.text.len();
-        Some(StopReason::StopString { stop: s.to_string() })
+        Some(FinishReason::StopString { stop: s.to_string() })
     }
 
-    fn finish(mut self, stop: &StopReason, on_text: &mut dyn FnMut(&str)) -> String {
-        if !matches!(stop, StopReason::StopString { .. }) {
+    fn finish(mut self, stop: &FinishReason, on_text: &mut dyn FnMut(&str)) -> String {
+        if !matches!(stop, FinishReason::StopString { .. }) {
             self.text.push_str(&self.stream.finish());
             if self.text.len() > self.emitted {
                 on_text(&self.text[self.emitted..]);

@@ -6,11 +6,17 @@
 //! cache, one [`Network`] per architecture. This module knows nothing about text, tools, grammars or
 //! agents: the tokenizer, chat template and stop tokens are joined to it in `text` ([`crate::text::Model`]).
 
+// Internals that tests and benches reach (hidden from the docs; not a stable API).
+#[doc(hidden)]
 pub mod amx;
+#[doc(hidden)]
 pub mod gemma3;
+#[doc(hidden)]
 pub mod kernels;
 pub(crate) mod layers;
+#[doc(hidden)]
 pub mod llama;
+#[doc(hidden)]
 pub mod tiny;
 
 use std::path::{Path, PathBuf};

@@ -67,6 +67,10 @@ impl ToolSpec {
         if self.name.is_empty() || !self.name.chars().all(ok_char) {
             return err("tool names may use only letters, digits, `_`, `-` and `.`".into());
         }
+        // A decision's `type` says `final_answer`; a tool of that name would be read as the answer.
+        if self.name == "final_answer" {
+            return err("the name is reserved for the final answer".into());
+        }
         match self.parameters.as_object() {
             None => return err("`parameters` must be a JSON schema object".into()),
             Some(p) if p.get("type").is_some_and(|t| t != "object") => {
@@ -141,17 +145,38 @@ where
 }
 
 /// A tool with typed arguments: the schema is derived from `A` (serde + schemars) and the arguments are
-/// deserialized into `A` before the function runs.
-pub struct TypedTool<A, F> {
+/// deserialized into `A` before the function runs. The function returns anything serializable (a string
+/// is shown as it is, anything else as JSON) or any displayable error, or a [`ToolError`] (shown as the
+/// error observation).
+///
+/// ```
+/// use reagent::tools::TypedTool;
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Args {
+///     /// Degrees Celsius.
+///     celsius: f64,
+/// }
+/// let tool = TypedTool::new("to_fahrenheit", "Converts Celsius to Fahrenheit.", |a: Args| {
+///     if a.celsius < -273.15 {
+///         return Err(format!("{} °C is below absolute zero", a.celsius));
+///     }
+///     Ok(a.celsius * 9.0 / 5.0 + 32.0)
+/// })?;
+/// # Ok::<(), reagent::Error>(())
+/// ```
+pub struct TypedTool<A, F, R, E> {
     spec: ToolSpec,
     f: F,
-    _args: std::marker::PhantomData<fn(A)>,
+    _types: std::marker::PhantomData<fn(A) -> (R, E)>,
 }
 
-impl<A, F> TypedTool<A, F>
+impl<A, F, R, E> TypedTool<A, F, R, E>
 where
     A: serde::de::DeserializeOwned + schemars::JsonSchema,
-    F: Fn(A) -> std::result::Result<Value, ToolError> + Send + Sync,
+    F: Fn(A) -> std::result::Result<R, E> + Send + Sync,
+    R: Serialize,
+    E: Into<ToolError>,
 {
     /// A typed tool named `name`.
     pub fn new(name: &str, description: &str, f: F) -> Result<Self> {
@@ -160,21 +185,24 @@ where
             o.remove("$schema");
             o.remove("title");
         }
-        Ok(Self { spec: ToolSpec::new(name, description, schema)?, f, _args: std::marker::PhantomData })
+        Ok(Self { spec: ToolSpec::new(name, description, schema)?, f, _types: std::marker::PhantomData })
     }
 }
 
-impl<A, F> Tool for TypedTool<A, F>
+impl<A, F, R, E> Tool for TypedTool<A, F, R, E>
 where
     A: serde::de::DeserializeOwned + schemars::JsonSchema,
-    F: Fn(A) -> std::result::Result<Value, ToolError> + Send + Sync,
+    F: Fn(A) -> std::result::Result<R, E> + Send + Sync,
+    R: Serialize,
+    E: Into<ToolError>,
 {
     fn spec(&self) -> &ToolSpec {
         &self.spec
     }
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
         let a: A = serde_json::from_value(args.clone()).map_err(|e| ToolError(format!("bad arguments: {e}")))?;
-        (self.f)(a)
+        let r = (self.f)(a).map_err(Into::into)?;
+        serde_json::to_value(r).map_err(|e| ToolError(format!("the result cannot be written as JSON: {e}")))
     }
 }
 
@@ -190,10 +218,6 @@ impl ToolSet {
         let name = &tool.spec().name;
         if self.get(name).is_some() {
             return Err(Error::Tool { tool: name.clone(), reason: "registered twice".into() });
-        }
-        // A decision's `type` says `final_answer`; a tool of that name would be read as the answer.
-        if name == "final_answer" {
-            return Err(Error::Tool { tool: name.clone(), reason: "the name is reserved for the final answer".into() });
         }
         self.tools.push(tool);
         Ok(())

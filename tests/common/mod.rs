@@ -42,15 +42,11 @@ pub fn real_model_path(name: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("model `{name}` is needed by this test and could not be fetched: {e}"))
 }
 
-/// A bigger catalog model for optional checks: required (fetched) when `REAGENT_TEST_MODELS` lists it
-/// or says `all` (as `.ci/run` does), else used only if it is already in the cache.
-pub fn optional_model_path(name: &str) -> Option<PathBuf> {
-    let wanted = std::env::var("REAGENT_TEST_MODELS").unwrap_or_default();
-    if wanted.split(',').any(|w| w.trim() == name || w.trim() == "all") {
-        return Some(real_model_path(name));
-    }
-    let cat = Catalog::builtin();
-    catalog::locate(cat.get(name)?, &FetchOptions::default())
+/// A catalog model beyond the test model that a test needs. Such tests are compiled as ignored, naming
+/// the model, unless `REAGENT_TEST_MODELS` names it (or says `all`, as `.ci/run` does) at build time
+/// (`build.rs`); then the model is fetched when absent, and a failed fetch fails the test.
+pub fn require_model(name: &str) -> PathBuf {
+    real_model_path(name)
 }
 
 /// A tiny model with a 4096-token context (the tiny vocabulary is mostly single bytes, so agent prompts
