@@ -32,8 +32,9 @@ const INTERRUPTED_EXIT: u8 = 130;
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(n) = cli.threads {
-        if n == 0 {
-            eprintln!("error: --threads must be at least 1");
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        if n == 0 || n > cores {
+            eprintln!("error: --threads {n}: this machine runs 1 to {cores} threads at once");
             return ExitCode::from(2);
         }
         // candle sizes its worker pools from these variables on first use; nothing has run yet.

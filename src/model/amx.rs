@@ -60,7 +60,7 @@ pub fn matmul_t(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f3
     let mut y: Vec<f32> = Vec::with_capacity(m_pad * n);
     let y_ptr = y.as_mut_ptr() as usize;
     let tier = Tier::best();
-    candle_core::utils::barrier_pool().execute_chunked(n / PANEL, |panels| {
+    crate::model::pool::pool().for_chunks(n / PANEL, |panels| {
         let mut rowbuf = vec![0f32; k];
         let mut rowbf = vec![0u32; 16 * k / 2];
         let mut panel = vec![0u32; k / DEPTH * 2 * 256];

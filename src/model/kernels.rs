@@ -9,8 +9,8 @@
 //!
 //! Every kernel has a portable scalar version and SIMD versions chosen at run time ([`Tier`]: AVX-512 VNNI,
 //! AVX-VNNI, AVX2); tests check that every tier the CPU has agrees with the scalar code, and the scalar
-//! code with dequantize-then-f32. Rows are split across candle's spinning worker pool, which costs a few
-//! microseconds per call rather than rayon's tens.
+//! code with dequantize-then-f32. Rows are split across the kernels' own worker pool ([`super::pool`]),
+//! which costs a few microseconds per call rather than rayon's tens, and yields its cores under contention.
 //!
 //! Prompt-sized batches ([`matmul`]) use the same 8-bit activations: on the SIMD tiers the weights and
 //! the tokens are packed into groups of 8 blocks whose lanes interleave the blocks, and tiles of a few
@@ -343,7 +343,7 @@ pub fn dequantize_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, cols: usiz
     let mut out: Vec<f32> = Vec::with_capacity(rows * cols);
     const ROWS_PER_ITEM: usize = 64;
     let out_ptr = out.as_mut_ptr() as usize;
-    candle_core::utils::barrier_pool().execute_chunked(rows.div_ceil(ROWS_PER_ITEM), |items| {
+    crate::model::pool::pool().for_chunks(rows.div_ceil(ROWS_PER_ITEM), |items| {
         let first = items.start * ROWS_PER_ITEM;
         let last = rows.min(items.end * ROWS_PER_ITEM);
         let src = &w[first * row_bytes..last * row_bytes];
@@ -573,7 +573,7 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
         return;
     }
     let jobs = &*jobs;
-    candle_core::utils::barrier_pool().execute_chunked(items, |range| {
+    crate::model::pool::pool().for_chunks(items, |range| {
         // The range may span jobs: one contiguous run of rows per job it touches.
         let mut item = range.start;
         while item < range.end {

@@ -16,6 +16,7 @@ pub mod kernels;
 pub(crate) mod layers;
 #[doc(hidden)]
 pub mod llama;
+pub(crate) mod pool;
 #[doc(hidden)]
 pub mod tiny;
 

@@ -171,7 +171,7 @@ fn matmul_groups(
     let y_ptr = y.as_mut_ptr() as usize;
     let tile = if tier == Tier::Avx512 { TILE_512 } else { TILE_256 };
     let per_pass = (PASS_BYTES / (groups * std::mem::size_of::<XGroup>())).clamp(8, 128) & !1;
-    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(ROWS_PER_ITEM), |items| {
+    crate::model::pool::pool().for_chunks(n.div_ceil(ROWS_PER_ITEM), |items| {
         let first = items.start * ROWS_PER_ITEM;
         let last = n.min(items.end * ROWS_PER_ITEM);
         let mut wg = Vec::new();
