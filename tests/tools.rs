@@ -132,6 +132,11 @@ timeout_s = 0.3
 [[tool]]
 name = "noisy"
 command = ["sh", "-c", "echo first >&2; yes | head -c 20000 >&2; echo last-line >&2; exit 1"]
+
+[[tool]]
+name = "stubborn"
+command = ["sh", "-c", "trap '' TERM INT HUP; exec >&- 2>&-; {marker}"]
+timeout_s = 0.3
 "#
         ),
         "toml",
@@ -150,6 +155,10 @@ command = ["sh", "-c", "echo first >&2; yes | head -c 20000 >&2; echo last-line 
     // The error carries the end of stderr, where programs say what went wrong.
     let e = ex.execute(ToolCall { tool: "noisy".into(), args: json!({}) }).1.observation();
     assert!(e.contains("last-line") && !e.contains("first"), "{e}");
+    // Ignoring SIGTERM and closing its output does not keep a tool alive past its timeout.
+    let t0 = std::time::Instant::now();
+    let e = ex.execute(ToolCall { tool: "stubborn".into(), args: json!({}) }).1.observation();
+    assert!(e.contains("killed after 0.3 s") && t0.elapsed() < Duration::from_secs(5), "{e}");
     std::thread::sleep(Duration::from_millis(200));
     #[cfg(target_os = "linux")]
     {
