@@ -165,6 +165,11 @@ pub struct EvalOptions {
     pub limit: Option<usize>,
     /// Agent settings (tool choice, parallel calls, steps, retries…).
     pub agent: AgentConfig,
+    /// Keep the KV cache from one task to the next (faster where tasks share a prompt prefix). Off by
+    /// default: a prefix computed in an earlier task's batches differs from a fresh one in its last bits,
+    /// enough to flip near ties, so a task's result would depend on the task before it, and a resumed
+    /// eval would not match an uninterrupted one.
+    pub reuse_across_tasks: bool,
 }
 
 /// One call as recorded.
@@ -418,6 +423,9 @@ pub fn run_eval(
                 continue;
             }
         };
+        if !opts.reuse_across_tasks {
+            driver.forget();
+        }
         let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
         let messages = match (&task.messages, &task.question) {
             (Some(m), _) => m.clone(),

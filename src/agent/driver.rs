@@ -68,6 +68,9 @@ pub trait Driver: Send {
     fn supports_native(&self) -> bool {
         true
     }
+    /// Forgets what the driver keeps between decisions (a model's KV cache), so that the next decision
+    /// is computed as if it were the first.
+    fn forget(&mut self) {}
     /// Whether the driver can decode under `grammar` (a constrained driver compiles it); drivers that
     /// apply no grammar accept any.
     fn check_grammar(&self, _grammar: &Grammar) -> Result<()> {
@@ -169,6 +172,11 @@ impl ModelDriver {
 }
 
 impl Driver for ModelDriver {
+    fn forget(&mut self) {
+        self.cached.clear();
+        self.model.truncate(0);
+    }
+
     fn check_grammar(&self, grammar: &Grammar) -> Result<()> {
         match &self.engine {
             Some(e) => e.constraint(grammar).map(drop),

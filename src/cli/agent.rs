@@ -248,6 +248,7 @@ fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
     Ok(EvalOptions {
         dry_run: a.dry_run,
         limit: a.limit,
+        reuse_across_tasks: a.reuse_across_tasks,
         agent: AgentConfig {
             tool_choice: a.tool_choice.parse()?,
             max_steps: a.max_steps,

@@ -86,6 +86,10 @@ pub(crate) struct EvalArgs {
     /// failed call (as in `reagent run` without --allow-direct-answer).
     #[arg(long)]
     pub(crate) first_call: bool,
+    /// Keep the KV cache from task to task (faster where tasks share a prompt prefix, but a task's result
+    /// then depends on the task before it, and a resumed eval may differ from an uninterrupted one).
+    #[arg(long)]
+    pub(crate) reuse_across_tasks: bool,
 }
 
 #[derive(Args)]
