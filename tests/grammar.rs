@@ -236,7 +236,7 @@ fn random_model_decisions_always_validate() {
             let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
             let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", g.text));
             assert!(validator.is_valid(&v), "seed {seed} {choice:?}: {}", g.text);
-            let d = parse_decision(&g.text, &schema).unwrap();
+            let d = parse_decision(&g.text, &schema).unwrap().unwrap();
             kinds.insert(std::mem::discriminant(&d));
             match (&choice, &d) {
                 (ToolChoice::None, Decision::FinalAnswer { .. }) => {}

@@ -110,7 +110,7 @@ fn constrained_decisions_on_smollm2_name_registered_tools_with_valid_arguments()
     // Which tool a 135M model picks is a quality question (`reagent eval` measures it; tests/agent_qwen.rs
     // asserts it on Qwen). Here: under `required` the real tokenizer and grammar yield a call that parses,
     // names a registered tool, and whose arguments satisfy that tool's schema.
-    match parse_decision(&g.text, &schema).unwrap() {
+    match parse_decision(&g.text, &schema).unwrap().unwrap() {
         Decision::CallTool { tool, args, .. } => {
             let spec = tools.iter().find(|t| t.name == tool).unwrap_or_else(|| panic!("unknown tool: {}", g.text));
             let validator = jsonschema::validator_for(&spec.parameters).unwrap();
@@ -123,7 +123,7 @@ fn constrained_decisions_on_smollm2_name_registered_tools_with_valid_arguments()
     let schema = decision_schema(&tools, &ToolChoice::Specific("calculator".into()), &opts).unwrap();
     let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap();
     let g = generate_with(&mut m, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
-    match parse_decision(&g.text, &schema).unwrap() {
+    match parse_decision(&g.text, &schema).unwrap().unwrap() {
         Decision::CallTool { tool, args, .. } => {
             assert_eq!(tool, "calculator", "{}", g.text);
             assert!(args["expression"].is_string(), "{}", g.text);

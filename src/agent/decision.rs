@@ -343,6 +343,23 @@ pub struct DecisionValidator {
     validator: jsonschema::Validator,
 }
 
+/// Why a reply is not a valid decision: the text the model is shown when the step is retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecisionError {
+    /// The reply is not JSON.
+    #[error("not valid JSON: {0}")]
+    NotJson(String),
+    /// The JSON fails the decision schema (a wrong tool name, arguments against the tool's schema…).
+    #[error("{message} (at {at})")]
+    Schema { message: String, at: String },
+    /// The JSON passes the schema but does not read as a decision.
+    #[error("not a decision: {0}")]
+    NotADecision(String),
+    /// A reply in the native format that cannot be read (an unclosed call, a call that is not JSON…).
+    #[error("{0}")]
+    Native(String),
+}
+
 impl DecisionValidator {
     pub fn new(schema: &Value) -> Result<Self> {
         let validator =
@@ -351,18 +368,22 @@ impl DecisionValidator {
     }
 
     /// Checks a parsed JSON value against the schema and reads it as a decision.
-    pub fn parse(&self, v: Value) -> std::result::Result<Decision, String> {
+    pub fn parse(&self, v: Value) -> std::result::Result<Decision, DecisionError> {
         if let Some(e) = self.validator.iter_errors(&v).next() {
-            return Err(format!("{} (at {})", e, e.instance_path()));
+            return Err(DecisionError::Schema { message: e.to_string(), at: e.instance_path().to_string() });
         }
-        serde_json::from_value(v).map_err(|e| format!("not a decision: {e}"))
+        serde_json::from_value(v).map_err(|e| DecisionError::NotADecision(e.to_string()))
     }
 }
 
-/// Parses a decision from JSON text, checking it against `schema` with a JSON-schema validator.
-pub fn parse_decision(text: &str, schema: &Value) -> std::result::Result<Decision, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
-    DecisionValidator::new(schema).map_err(|e| e.to_string())?.parse(v)
+/// Parses a decision from JSON text, checking it against `schema` (a decision schema from
+/// [`decision_schema`]) with a JSON-schema validator.
+pub fn parse_decision(text: &str, schema: &Value) -> Result<std::result::Result<Decision, DecisionError>> {
+    let validator = DecisionValidator::new(schema)?;
+    Ok(match serde_json::from_str(text) {
+        Ok(v) => validator.parse(v),
+        Err(e) => Err(DecisionError::NotJson(e.to_string())),
+    })
 }
 
 /// The system-prompt text that tells the model its tools and the decision format, with a short example.

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub use crate::tools::ToolCall;
-pub use decision::{BranchBiases, Decision, DecisionFormat, DecisionOptions, ToolChoice};
+pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
 pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
 
@@ -572,7 +572,7 @@ impl Agent {
             }
         }
         let validator = schema.validator.as_ref().expect("ReAct steps have a validator");
-        let decision = validator.parse(v.clone()).map_err(|e| Failure::Validation(e, v))?;
+        let decision = validator.parse(v.clone()).map_err(|e| Failure::Validation(e.to_string(), v))?;
         Ok(decision)
     }
 
@@ -581,7 +581,7 @@ impl Agent {
     fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
         let decision = match native::parse_native(&out.text) {
             Ok(d) if out.complete || d.calls().is_empty() => d,
-            Err(e) if out.complete => return Err(Failure::Extraction(e)),
+            Err(e) if out.complete => return Err(Failure::Extraction(e.to_string())),
             // Cut off by the token limit inside a later call (a runaway string or array): the calls that
             // were complete are kept.
             _ => native::parse_complete_calls(&out.text).ok_or_else(|| {
@@ -617,7 +617,7 @@ impl Agent {
     /// A call's validation error (unknown tool, arguments failing its schema or validator), naming the tool.
     fn check_call(&self, call: &ToolCall) -> std::result::Result<(), String> {
         self.executor.check(call).map_err(|outcome| {
-            format!("{} (tool `{}`)", outcome.observation().trim_start_matches("Error: "), call.tool)
+            format!("{} (tool `{}`)", outcome.error_text().unwrap_or_else(|| outcome.observation()), call.tool)
         })
     }
 

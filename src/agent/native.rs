@@ -177,7 +177,11 @@ pub fn render_calls(calls: &[ToolCall]) -> String {
 /// Reads a native decision: calls (`<tool_call>` blocks or ```` ```json ```` fences, each `{"name",
 /// "arguments"}`) or, for text that does not start with a call, a final answer. Whitespace between calls
 /// is ignored; other text after a call is an error (under the grammar there is none).
-pub fn parse_native(text: &str) -> std::result::Result<Decision, String> {
+pub fn parse_native(text: &str) -> std::result::Result<Decision, super::decision::DecisionError> {
+    read_native(text).map_err(super::decision::DecisionError::Native)
+}
+
+fn read_native(text: &str) -> std::result::Result<Decision, String> {
     let starts_call = |r: &str| r.starts_with(CALL_OPEN) || r.starts_with(FENCE_OPEN);
     let mut rest = text.trim_start();
     if !starts_call(rest) {

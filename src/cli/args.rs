@@ -63,9 +63,9 @@ pub(crate) struct EvalArgs {
     /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
     #[arg(long)]
     pub(crate) no_grammar: bool,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_steps)]
     pub(crate) max_steps: usize,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_retries)]
     pub(crate) max_retries: usize,
     /// Write the summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
@@ -121,9 +121,9 @@ pub(crate) struct RunArgs {
     /// auto, required, none, or a tool name.
     #[arg(long, default_value = "auto")]
     pub(crate) tool_choice: String,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_steps)]
     pub(crate) max_steps: usize,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_retries)]
     pub(crate) max_retries: usize,
     /// Allow up to N tool calls in one decision.
     #[arg(long)]
@@ -148,16 +148,16 @@ pub(crate) struct RunArgs {
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
     /// Token limit of one decision.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_decision_tokens)]
     pub(crate) max_decision_tokens: usize,
     /// Maximum characters of a decision's thought (small models ramble).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = reagent::DecisionOptions::default().max_thought_chars)]
     pub(crate) max_thought_chars: usize,
     /// Maximum characters of the answer and of string arguments without their own maxLength.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = reagent::DecisionOptions::default().max_string_chars)]
     pub(crate) max_string_chars: usize,
     /// Tool call timeout in seconds.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = reagent::AgentConfig::default().tool_timeout.as_secs_f64())]
     pub(crate) tool_timeout: f64,
     /// Let the first decision, and the one after a failed call, answer directly; by default, under `auto`,
     /// they must call a tool (small models otherwise answer from memory what a tool would get right, and

@@ -71,6 +71,22 @@ impl CallOutcome {
         }
     }
 
+    /// What went wrong, as the observation says it without its `Error: ` (`None` when the tool produced
+    /// a result).
+    pub fn error_text(&self) -> Option<String> {
+        Some(match self {
+            CallOutcome::Ok { .. } | CallOutcome::Repeated { .. } => return None,
+            CallOutcome::Error { message } => message.clone(),
+            CallOutcome::UnknownTool { tool, known } => {
+                format!("there is no tool `{tool}`; the tools are: {}", known.join(", "))
+            }
+            CallOutcome::InvalidArgs { message } => format!("invalid arguments: {message}"),
+            CallOutcome::Timeout { seconds } => format!("the tool did not finish within {seconds} s"),
+            CallOutcome::Panic { message } => format!("the tool crashed: {message}"),
+            CallOutcome::Blocked { reason } => format!("the call was blocked: {reason}"),
+        })
+    }
+
     /// Whether the tool produced a result.
     pub fn is_ok(&self) -> bool {
         matches!(self, CallOutcome::Ok { .. })
