@@ -130,7 +130,10 @@ unsafe impl std::alloc::GlobalAlloc for BudgetAllocator {
 }
 
 fn charge(bytes: usize) {
-    BUDGET_ALLOCATOR.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Read first: a store on every allocation would bounce the line between cores.
+    if !BUDGET_ALLOCATOR.load(std::sync::atomic::Ordering::Relaxed) {
+        BUDGET_ALLOCATOR.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let Ok(Some(mut b)) = BUDGET.try_with(|c| c.get()) else { return };
     b.used = b.used.saturating_add(bytes);
     if b.used > b.cap {
