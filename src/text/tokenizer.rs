@@ -118,29 +118,16 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {
-        let bad = |key: &str, problem: String| Error::Metadata { path: gguf.path().into(), key: key.into(), problem };
         let model = gguf.str("tokenizer.ggml.model")?.to_string();
-        let texts: Vec<String> = gguf.str_array("tokenizer.ggml.tokens")?.into_iter().map(String::from).collect();
-        if texts.is_empty() {
-            return Err(bad("tokenizer.ggml.tokens", "is empty".into()));
-        }
-        let kinds: Vec<TokenKind> = if gguf.get("tokenizer.ggml.token_type").is_some() {
-            gguf.i64_array("tokenizer.ggml.token_type")?.into_iter().map(TokenKind::from_gguf).collect()
-        } else {
-            vec![TokenKind::Normal; texts.len()]
-        };
-        if kinds.len() != texts.len() {
-            return Err(bad(
-                "tokenizer.ggml.token_type",
-                format!("has {} entries for {} tokens", kinds.len(), texts.len()),
-            ));
-        }
+        let (texts, kinds) = gguf_vocab(gguf)?;
         let opt_id = |key: &str| -> Result<Option<u32>> {
             match gguf.get(key) {
                 None => Ok(None),
                 Some(_) => match gguf.u64(key)? {
                     id if id < texts.len() as u64 => Ok(Some(id as u32)),
-                    id => Err(bad(key, format!("is {id}, outside the vocabulary of {} tokens", texts.len()))),
+                    id => {
+                        Err(meta_error(gguf, key, format!("is {id}, outside the vocabulary of {} tokens", texts.len())))
+                    }
                 },
             }
         };
@@ -149,73 +136,12 @@ impl Tokenizer {
         let unk = opt_id("tokenizer.ggml.unknown_token_id")?;
         let add_bos = gguf.bool_or("tokenizer.ggml.add_bos_token", model == "llama")?;
         let lookup: HashMap<String, u32> = texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-
         let (engine, bytes) = match model.as_str() {
-            "gpt2" => {
-                let pre = gguf.str_opt("tokenizer.ggml.pre")?.unwrap_or("default").to_string();
-                let merges: Vec<(String, String)> = gguf
-                    .str_array("tokenizer.ggml.merges")?
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, m)| {
-                        m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| {
-                            bad("tokenizer.ggml.merges", format!("entry {i} `{m}` has no space separator"))
-                        })
-                    })
-                    .collect::<Result<_>>()?;
-                let regexes = pre_regexes(&pre).map_err(|e| bad("tokenizer.ggml.pre", e))?;
-                let engine = Engine::Bpe(Box::new(build_bpe(&texts, merges, regexes).map_err(|e| match e {
-                    Error::Tokenizer(m) => bad("tokenizer.ggml.merges", m),
-                    e => e,
-                })?));
-                let table = byte_level_decode_table();
-                let bytes = texts
-                    .iter()
-                    .zip(&kinds)
-                    .map(|(t, k)| match k {
-                        TokenKind::Normal | TokenKind::Byte => {
-                            t.chars().map(|c| table.get(&c).copied().unwrap_or(b'?')).collect()
-                        }
-                        _ => t.as_bytes().to_vec(),
-                    })
-                    .collect();
-                (engine, bytes)
-            }
-            "llama" => {
-                let scores = if gguf.get("tokenizer.ggml.scores").is_some() {
-                    gguf.f32_array("tokenizer.ggml.scores")?
-                } else {
-                    vec![0.0; texts.len()]
-                };
-                if scores.len() != texts.len() {
-                    return Err(Error::Metadata {
-                        path: gguf.path().into(),
-                        key: "tokenizer.ggml.scores".into(),
-                        problem: format!("has {} entries for {} tokens", scores.len(), texts.len()),
-                    });
-                }
-                let mut byte_tokens = [None; 256];
-                for (i, (t, k)) in texts.iter().zip(&kinds).enumerate() {
-                    if *k == TokenKind::Byte {
-                        if let Some(b) = parse_byte_token(t) {
-                            byte_tokens[b as usize] = Some(i as u32);
-                        }
-                    }
-                }
-                let bytes = texts
-                    .iter()
-                    .zip(&kinds)
-                    .map(|(t, k)| match k {
-                        TokenKind::Byte => parse_byte_token(t).map(|b| vec![b]).unwrap_or_default(),
-                        TokenKind::Normal => t.replace('\u{2581}', " ").into_bytes(),
-                        _ => t.as_bytes().to_vec(),
-                    })
-                    .collect();
-                let spm = Spm { lookup: lookup.clone(), scores, byte_tokens, unk };
-                (Engine::Spm(Box::new(spm)), bytes)
-            }
+            "gpt2" => gguf_bpe(gguf, &texts, &kinds)?,
+            "llama" => gguf_spm(gguf, &texts, &kinds, lookup.clone(), unk)?,
             other => {
-                return Err(bad("tokenizer.ggml.model", format!("`{other}` is not supported (supported: gpt2, llama)")))
+                let problem = format!("`{other}` is not supported (supported: gpt2, llama)");
+                return Err(meta_error(gguf, "tokenizer.ggml.model", problem));
             }
         };
         let mut specials: Vec<u32> = (0..texts.len() as u32)
@@ -393,6 +319,97 @@ impl Tokenizer {
         }
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
+}
+
+fn meta_error(gguf: &GgufFile, key: &str, problem: String) -> Error {
+    Error::Metadata { path: gguf.path().into(), key: key.into(), problem }
+}
+
+/// The token texts and kinds (`tokenizer.ggml.tokens`, `token_type`), checked to be as long as each other.
+fn gguf_vocab(gguf: &GgufFile) -> Result<(Vec<String>, Vec<TokenKind>)> {
+    let texts: Vec<String> = gguf.str_array("tokenizer.ggml.tokens")?.into_iter().map(String::from).collect();
+    if texts.is_empty() {
+        return Err(meta_error(gguf, "tokenizer.ggml.tokens", "is empty".into()));
+    }
+    let kinds: Vec<TokenKind> = if gguf.get("tokenizer.ggml.token_type").is_some() {
+        gguf.i64_array("tokenizer.ggml.token_type")?.into_iter().map(TokenKind::from_gguf).collect()
+    } else {
+        vec![TokenKind::Normal; texts.len()]
+    };
+    if kinds.len() != texts.len() {
+        let problem = format!("has {} entries for {} tokens", kinds.len(), texts.len());
+        return Err(meta_error(gguf, "tokenizer.ggml.token_type", problem));
+    }
+    Ok((texts, kinds))
+}
+
+/// A byte-level BPE (`tokenizer.ggml.model = gpt2`): merges and pre-tokenizer from the metadata, and each
+/// token's bytes through GPT-2's byte ↔ character table.
+fn gguf_bpe(gguf: &GgufFile, texts: &[String], kinds: &[TokenKind]) -> Result<(Engine, Vec<Vec<u8>>)> {
+    let pre = gguf.str_opt("tokenizer.ggml.pre")?.unwrap_or("default").to_string();
+    let merges: Vec<(String, String)> = gguf
+        .str_array("tokenizer.ggml.merges")?
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| {
+                meta_error(gguf, "tokenizer.ggml.merges", format!("entry {i} `{m}` has no space separator"))
+            })
+        })
+        .collect::<Result<_>>()?;
+    let regexes = pre_regexes(&pre).map_err(|e| meta_error(gguf, "tokenizer.ggml.pre", e))?;
+    let bpe = build_bpe(texts, merges, regexes).map_err(|e| match e {
+        Error::Tokenizer(m) => meta_error(gguf, "tokenizer.ggml.merges", m),
+        e => e,
+    })?;
+    let table = byte_level_decode_table();
+    let bytes = texts
+        .iter()
+        .zip(kinds)
+        .map(|(t, k)| match k {
+            TokenKind::Normal | TokenKind::Byte => t.chars().map(|c| table.get(&c).copied().unwrap_or(b'?')).collect(),
+            _ => t.as_bytes().to_vec(),
+        })
+        .collect();
+    Ok((Engine::Bpe(Box::new(bpe)), bytes))
+}
+
+/// A SentencePiece unigram vocabulary (`tokenizer.ggml.model = llama`): scores, `<0xXX>` byte tokens and
+/// `▁` for spaces.
+fn gguf_spm(
+    gguf: &GgufFile,
+    texts: &[String],
+    kinds: &[TokenKind],
+    lookup: HashMap<String, u32>,
+    unk: Option<u32>,
+) -> Result<(Engine, Vec<Vec<u8>>)> {
+    let scores = if gguf.get("tokenizer.ggml.scores").is_some() {
+        gguf.f32_array("tokenizer.ggml.scores")?
+    } else {
+        vec![0.0; texts.len()]
+    };
+    if scores.len() != texts.len() {
+        let problem = format!("has {} entries for {} tokens", scores.len(), texts.len());
+        return Err(meta_error(gguf, "tokenizer.ggml.scores", problem));
+    }
+    let mut byte_tokens = [None; 256];
+    for (i, (t, k)) in texts.iter().zip(kinds).enumerate() {
+        if *k == TokenKind::Byte {
+            if let Some(b) = parse_byte_token(t) {
+                byte_tokens[b as usize] = Some(i as u32);
+            }
+        }
+    }
+    let bytes = texts
+        .iter()
+        .zip(kinds)
+        .map(|(t, k)| match k {
+            TokenKind::Byte => parse_byte_token(t).map(|b| vec![b]).unwrap_or_default(),
+            TokenKind::Normal => t.replace('\u{2581}', " ").into_bytes(),
+            _ => t.as_bytes().to_vec(),
+        })
+        .collect();
+    Ok((Engine::Spm(Box::new(Spm { lookup, scores, byte_tokens, unk })), bytes))
 }
 
 enum Fragment<'a> {
