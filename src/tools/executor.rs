@@ -57,17 +57,11 @@ impl CallOutcome {
     pub fn observation(&self) -> String {
         match self {
             CallOutcome::Ok { output } => output.clone(),
-            CallOutcome::Error { message } => format!("Error: {message}"),
-            CallOutcome::UnknownTool { tool, known } => {
-                format!("Error: there is no tool `{tool}`; the tools are: {}", known.join(", "))
-            }
-            CallOutcome::InvalidArgs { message } => format!("Error: invalid arguments: {message}"),
-            CallOutcome::Timeout { seconds } => format!("Error: the tool did not finish within {seconds} s"),
-            CallOutcome::Panic { message } => format!("Error: the tool crashed: {message}"),
             CallOutcome::Blocked { reason } => format!("The call was blocked: {reason}"),
             CallOutcome::Repeated { output, times } => {
                 format!("{output}\n(The same call was already made {times} time(s) with this result; it was not run again.)")
             }
+            other => format!("Error: {}", other.error_text().unwrap_or_default()),
         }
     }
 

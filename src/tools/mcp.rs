@@ -387,7 +387,7 @@ impl Drop for Connection {
             }
         }
         if let Some(pid) = self.pid {
-            kill_group(pid);
+            super::kill_process_group(pid);
             live_groups().retain(|&p| p != pid);
         }
     }
@@ -399,20 +399,12 @@ fn live_groups() -> std::sync::MutexGuard<'static, Vec<u32>> {
     LIVE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn kill_group(pid: u32) {
-    #[cfg(unix)]
-    if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill(2) on the process group the server leads; no memory is touched.
-        unsafe { libc::kill(-pid, libc::SIGKILL) };
-    }
-}
-
 /// Kills every MCP server still running (their process groups), for a program about to exit while a
 /// tool call it gave up on still holds a server (a call past the agent's tool timeout runs on, on its
 /// own thread, until the server's own timeout).
 pub fn kill_all() {
     for pid in std::mem::take(&mut *live_groups()) {
-        kill_group(pid);
+        super::kill_process_group(pid);
     }
 }
 

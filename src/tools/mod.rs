@@ -19,6 +19,18 @@ pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTo
 
 use crate::error::{Error, Result};
 
+/// Kills the process group `pid` leads (a program tool, an MCP server) with SIGKILL. A group that is already
+/// gone gives ESRCH, which is fine.
+pub(crate) fn kill_process_group(pid: u32) {
+    #[cfg(unix)]
+    if let Ok(pgid) = i32::try_from(pid) {
+        // SAFETY: kill(2) with a negative pid signals the group; no memory is involved.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
+}
+
 /// One tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {

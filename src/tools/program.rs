@@ -204,14 +204,7 @@ struct ProcessGroup(u32);
 
 impl ProcessGroup {
     fn kill(&self) {
-        #[cfg(unix)]
-        if let Ok(pgid) = i32::try_from(self.0) {
-            // SAFETY: kill(2) with a negative pid signals the group; no memory is involved. A group that is
-            // already gone gives ESRCH, which is fine.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
+        super::kill_process_group(self.0);
     }
 }
 
