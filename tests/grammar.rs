@@ -204,6 +204,11 @@ fn bad_grammars_fail_before_generation_and_say_why() {
     assert!(e.contains("Lark") && e.contains("foo"), "{e}");
     let e = err(Grammar::Regex("(unclosed".into()));
     assert!(e.contains("regex"), "{e}");
+    // Typed, with the compiler's error kept as the cause.
+    let e = engine.constraint(&Grammar::Regex("(unclosed".into())).err().unwrap();
+    assert!(matches!(&e, reagent::Error::InvalidGrammar { what, .. } if what == "regex"), "{e:?}");
+    let cause = std::error::Error::source(&e).expect("the regex error is the source");
+    assert!(cause.to_string().contains("unclosed"), "{cause}");
 }
 
 /// Property: under the decision grammar, a random-weight model sampling at temperature 1.0 always produces

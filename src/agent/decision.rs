@@ -43,7 +43,7 @@ impl std::str::FromStr for ToolChoice {
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
             "none" => ToolChoice::None,
-            "" => return Err(Error::InvalidArgument("empty tool choice".into())),
+            "" => return Err(Error::param("tool choice", "empty")),
             name => ToolChoice::Specific(name.to_string()),
         })
     }
@@ -70,7 +70,7 @@ impl std::str::FromStr for DecisionFormat {
         match s {
             "react" => Ok(Self::React),
             "native" => Ok(Self::Native),
-            _ => Err(Error::InvalidArgument(format!("unknown decision format `{s}` (react, native)"))),
+            _ => Err(Error::param("decision format", format!("`{s}` (the formats are react, native)"))),
         }
     }
 }
@@ -199,7 +199,7 @@ pub fn decision_schema(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionO
         }
     };
     if callable.is_empty() && matches!(choice, ToolChoice::Required) {
-        return Err(Error::InvalidArgument("tool choice `required` with no tools registered".into()));
+        return Err(Error::param("tool choice", "`required` with no tools registered"));
     }
     let thought = json!({"type": "string", "maxLength": opts.max_thought_chars});
     let answer = json!({"type": "string", "maxLength": opts.max_string_chars});
@@ -363,7 +363,7 @@ pub enum DecisionError {
 impl DecisionValidator {
     pub fn new(schema: &Value) -> Result<Self> {
         let validator =
-            jsonschema::validator_for(schema).map_err(|e| Error::Grammar(format!("decision schema: {e}")))?;
+            jsonschema::validator_for(schema).map_err(|e| Error::grammar("decision schema", e.to_string()))?;
         Ok(Self { validator })
     }
 

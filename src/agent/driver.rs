@@ -320,10 +320,7 @@ impl Driver for ScriptedDriver {
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).push(req.messages.to_vec());
-        let item = self
-            .items
-            .pop_front()
-            .ok_or_else(|| Error::InvalidArgument("the scripted driver has no decisions left".into()))?;
+        let item = self.items.pop_front().ok_or_else(|| Error::param("scripted driver", "no decisions left"))?;
         let (text, complete) = match item {
             ScriptItem::Reply(t) => (t, true),
             ScriptItem::CutOff(t) => (t, false),

@@ -96,7 +96,10 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
     let stops = model.stop_tokens().to_vec();
     // Compile the grammar before generating anything, so a bad grammar fails fast and cleanly.
     let mut constraint = match &grammar {
-        Some(g) => Some(GrammarEngine::new(tok.clone(), model.vocab_size(), &stops)?.constraint(g)?),
+        Some(g) => {
+            let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), &stops)?;
+            Some(engine.constraint(g).with_context(|| grammar_origin(&a))?)
+        }
         None => None,
     };
     let mut stdout = std::io::stdout().lock();
@@ -126,6 +129,14 @@ fn grammar(a: &GenerateArgs) -> Result<Option<Grammar>> {
     } else {
         a.regex.clone().map(Grammar::Regex)
     })
+}
+
+/// Where the grammar came from, for its errors: the file, or `--regex`.
+fn grammar_origin(a: &GenerateArgs) -> String {
+    match (&a.json_schema, &a.lark) {
+        (Some(p), _) | (None, Some(p)) => p.display().to_string(),
+        (None, None) => "--regex".into(),
+    }
 }
 
 /// The prompt's token ids: the chat template's rendering with `--chat`, else the raw text after BOS.

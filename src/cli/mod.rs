@@ -56,7 +56,7 @@ pub fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             // One line, whatever the causes' own formatting (TOML and grammar errors quote source lines).
-            eprintln!("error: {}", reagent::error::one_line(&format!("{e:#}")));
+            eprintln!("error: {}", reagent::error::report(&*e));
             ExitCode::from(2)
         }
     }

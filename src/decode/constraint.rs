@@ -88,7 +88,9 @@ impl GrammarEngine {
     pub fn new(tokenizer: Arc<Tokenizer>, vocab: usize, stop_tokens: &[u32]) -> Result<Self> {
         let n = tokenizer.vocab_size();
         if vocab < n {
-            return Err(Error::Grammar(format!("logits width {vocab} is smaller than the vocabulary ({n})")));
+            return Err(Error::Constraint {
+                problem: format!("logits width {vocab} is smaller than the vocabulary ({n})"),
+            });
         }
         let mut words: Vec<Vec<u8>> = Vec::with_capacity(vocab);
         for id in 0..n as u32 {
@@ -105,10 +107,9 @@ impl GrammarEngine {
         }
         words.resize(vocab, Vec::new());
         let stops: Vec<u32> = stop_tokens.iter().copied().filter(|&t| (t as usize) < vocab).collect();
-        let eos =
-            stops.first().copied().or(tokenizer.eos()).ok_or_else(|| {
-                Error::Grammar("the model has no end-of-sequence token to end constrained output".into())
-            })?;
+        let eos = stops.first().copied().or(tokenizer.eos()).ok_or_else(|| Error::Constraint {
+            problem: "the model has no end-of-sequence token to end constrained output".into(),
+        })?;
         let mut info = TokRxInfo::new(vocab as u32, eos);
         info.tok_bos = tokenizer.bos();
         let mut trie = TokTrie::from(&info, &words);
@@ -116,7 +117,7 @@ impl GrammarEngine {
             trie = trie.with_eos_tokens(&stops);
         }
         let env: llguidance::toktrie::TokEnv = Arc::new(TokenEnv { trie, tokenizer });
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Grammar(format!("{e:#}")))?;
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Matcher(e.into()))?;
         factory.quiet();
         *factory.limits_mut() = ParserLimits { verbose_errors: false, ..ParserLimits::default() };
         Ok(Self { factory: Arc::new(factory), vocab })
@@ -129,21 +130,28 @@ impl GrammarEngine {
         // llguidance writes a regex into a Lark literal (`/…/`), where a trailing backslash would escape the
         // closing slash and change the pattern: check the syntax first.
         if let Grammar::Regex(r) = grammar {
-            regex::Regex::new(r)
-                .map_err(|e| Error::Grammar(format!("invalid regex: {}", crate::error::one_line(&e.to_string()))))?;
+            regex::Regex::new(r).map_err(|e| Error::grammar("regex", e))?;
         }
         // Deeply nested grammars recurse in the compiler: a big stack, not an abort.
         let (matcher, first, first_time) = crate::limits::on_big_stack(|| {
-            let parser = self.factory.create_parser(grammar.to_llguidance()).map_err(|e| {
-                Error::Grammar(format!("invalid {what}: {}", crate::error::one_line(&format!("{e:#}"))))
-            })?;
+            let parser = self
+                .factory
+                .create_parser(grammar.to_llguidance())
+                .map_err(|e| Error::grammar(what, crate::error::one_line(&format!("{e:#}"))))?;
             let mut matcher = Matcher::new(Ok(parser));
             if let Some(e) = matcher.get_error() {
-                return Err(Error::Grammar(format!("invalid {what}: {}", crate::error::one_line(&e.to_string()))));
+                return Err(Error::grammar(what, crate::error::one_line(&e.to_string())));
             }
             // The first mask surfaces lexer/parser complexity errors now rather than mid-generation.
             let t = Instant::now();
-            let first = matcher.compute_mask().map_err(|e| Error::Grammar(format!("invalid {what}: {e:#}")))?;
+            let first = matcher.compute_mask().map_err(|e| {
+                let message = format!("{e:#}");
+                // llguidance's name for "the parser allows no byte": at the start, the grammar matches nothing.
+                match message.contains("NoExtensionBias") {
+                    true => Error::grammar(what, "it matches no text at all (a $ref cycle, an empty alternative?)"),
+                    false => Error::grammar(what, crate::error::one_line(&message)),
+                }
+            })?;
             Ok((matcher, first, t.elapsed()))
         })?;
         let mut stats = ConstraintStats::default();
@@ -288,7 +296,7 @@ impl Constraint {
             Some(m) => m,
             None => {
                 let t = Instant::now();
-                let m = self.matcher.compute_mask().map_err(|e| Error::Grammar(format!("{e:#}")))?;
+                let m = self.matcher.compute_mask().map_err(|e| Error::Matcher(e.into()))?;
                 self.stats.mask_times.push(t.elapsed());
                 m
             }
@@ -338,7 +346,7 @@ impl Constraint {
 
     /// Advances the grammar by a sampled token (one the mask allowed).
     pub fn consume(&mut self, token: u32) -> Result<()> {
-        self.matcher.consume_token(token).map_err(|e| Error::Grammar(format!("{e:#}")))?;
+        self.matcher.consume_token(token).map_err(|e| Error::Matcher(e.into()))?;
         self.stats.sampled_tokens += 1;
         self.consumed += 1;
         self.last = Some(token);
@@ -348,7 +356,7 @@ impl Constraint {
     /// Consumes as many of `tokens` as the grammar allows, in order; returns how many it took.
     pub fn consume_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
         self.pending_mask = None;
-        let n = self.matcher.try_consume_tokens(tokens).map_err(|e| Error::Grammar(format!("{e:#}")))?;
+        let n = self.matcher.try_consume_tokens(tokens).map_err(|e| Error::Matcher(e.into()))?;
         if n > 0 {
             self.consumed += n;
             self.last = Some(tokens[n - 1]);
@@ -361,7 +369,7 @@ impl Constraint {
         self.pending_mask = None;
         self.consumed = self.consumed.saturating_sub(n);
         self.last = None; // not known without the history; a rolled-back branch point is not re-biased
-        self.matcher.rollback(n).map_err(|e| Error::Grammar(format!("{e:#}")))
+        self.matcher.rollback(n).map_err(|e| Error::Matcher(e.into()))
     }
 
     /// The statistics so far.
@@ -371,7 +379,7 @@ impl Constraint {
 
     fn check(&self) -> Result<()> {
         match self.matcher.get_error() {
-            Some(e) => Err(Error::Grammar(e)),
+            Some(e) => Err(Error::Matcher(e.into())),
             None => Ok(()),
         }
     }

@@ -99,7 +99,7 @@ pub struct Generation {
 /// Runs `prompt` through the model in chunks starting at `pos`; returns the last logits.
 pub fn prefill(model: &mut dyn LanguageModel, prompt: &[u32], pos: usize) -> Result<Vec<f32>> {
     if prompt.is_empty() {
-        return Err(Error::InvalidArgument("empty prompt".into()));
+        return Err(Error::EmptyPrompt);
     }
     let mut logits = Vec::new();
     for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
@@ -203,8 +203,8 @@ pub fn generate_continuing(
         }
         let Some(next) = sampler.sample(&logits) else {
             return Err(match constraint {
-                Some(_) => Error::Grammar("the grammar allows no token here".into()),
-                None => Error::InvalidArgument("every token has -inf logit".into()),
+                Some(_) => Error::Constraint { problem: "the grammar allows no token here".into() },
+                None => Error::param("logits", "every token has -inf logit"),
             });
         };
         if let Some(c) = constraint.as_deref_mut() {

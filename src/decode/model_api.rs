@@ -64,7 +64,7 @@ impl Model {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generation> {
         if ids.is_empty() {
-            return Err(Error::InvalidArgument("the prompt is empty".into()));
+            return Err(Error::EmptyPrompt);
         }
         let tok = self.tokenizer().clone();
         let stops = self.stop_tokens().to_vec();

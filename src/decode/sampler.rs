@@ -19,15 +19,15 @@ impl Sampling {
     /// Greedy when `temperature <= 0`, random otherwise; validates the parameters.
     pub fn from_params(temperature: f32, top_k: Option<usize>, top_p: Option<f32>) -> Result<Self> {
         if !temperature.is_finite() || temperature < 0.0 {
-            return Err(Error::InvalidArgument(format!("temperature must be >= 0, got {temperature}")));
+            return Err(Error::param("temperature", format!("must be >= 0, got {temperature}")));
         }
         if let Some(p) = top_p {
             if !(p > 0.0 && p <= 1.0) {
-                return Err(Error::InvalidArgument(format!("top-p must be in (0, 1], got {p}")));
+                return Err(Error::param("top-p", format!("must be in (0, 1], got {p}")));
             }
         }
         if top_k == Some(0) {
-            return Err(Error::InvalidArgument("top-k must be at least 1".into()));
+            return Err(Error::param("top-k", "must be at least 1"));
         }
         Ok(if temperature == 0.0 { Sampling::Greedy } else { Sampling::Random { temperature, top_k, top_p } })
     }

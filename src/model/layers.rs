@@ -56,9 +56,7 @@ impl Weight {
                 let mut out = vec![0f32; ids.len() * cols];
                 for (&id, o) in ids.iter().zip(out.chunks_exact_mut(cols)) {
                     if id as usize >= rows {
-                        return Err(Error::InvalidArgument(format!(
-                            "token id {id} is outside the {rows}-row embedding"
-                        )));
+                        return Err(Error::TokenOutOfRange { id, vocab_size: rows });
                     }
                     let r = &w[id as usize * row_bytes..(id as usize + 1) * row_bytes];
                     for (b, ob) in r.chunks_exact(t.block_bytes()).zip(o.chunks_exact_mut(t.block_elems())) {

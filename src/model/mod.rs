@@ -187,7 +187,7 @@ impl LanguageModel for Transformer {
             return Err(Error::BadPosition { pos, len });
         }
         if tokens.is_empty() {
-            return Err(Error::InvalidArgument("forward called with no tokens".into()));
+            return Err(Error::EmptyPrompt);
         }
         let capacity = self.context_length();
         if pos + tokens.len() > capacity {

@@ -161,8 +161,11 @@ impl ChatTemplate {
             let _ = fmt;
             "01 January 2026".to_string()
         });
-        env.add_template_owned("chat", source.to_string())
-            .map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e}")))?;
+        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::ChatTemplate {
+            origin: None,
+            problem: format!("cannot parse the template: {e}"),
+            source: Some(e),
+        })?;
         Ok(Self {
             env: Arc::new(env),
             source: source.to_string(),
@@ -178,11 +181,8 @@ impl ChatTemplate {
         self
     }
 
-    fn error(&self, what: String) -> Error {
-        match &self.origin {
-            Some(o) => Error::ChatTemplate(format!("{o}: {what}")),
-            None => Error::ChatTemplate(what),
-        }
+    fn error(&self, problem: String, source: Option<minijinja::Error>) -> Error {
+        Error::ChatTemplate { origin: self.origin.clone(), problem, source }
     }
 
     /// The template source.
@@ -197,12 +197,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String> {
-        self.env.get_template("chat").map_err(|e| self.error(e.to_string()))?;
+        self.env.get_template("chat").map_err(|e| self.error(e.to_string(), Some(e)))?;
         let (env, messages, tools) = (self.env.clone(), messages.to_vec(), tools.cloned());
         let (bos, eos) = (self.bos.clone(), self.eos.clone());
         // Fuel bounds the instructions; the memory budget bounds what a few instructions can ask for.
         let rendered = crate::limits::with_memory_budget(TEMPLATE_MEMORY, move || {
-            let tmpl = env.get_template("chat").map_err(|e| e.to_string())?;
+            let tmpl = env.get_template("chat")?;
             tmpl.render(minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
@@ -210,12 +210,13 @@ impl ChatTemplate {
                 bos_token => bos,
                 eos_token => eos,
             })
-            .map_err(|e| e.to_string())
         });
         match rendered {
             Some(Ok(text)) => Ok(text),
-            Some(Err(e)) => Err(self.error(format!("rendering failed: {e}"))),
-            None => Err(self.error(format!("rendering failed: it needs more than {} MiB", TEMPLATE_MEMORY >> 20))),
+            Some(Err(e)) => Err(self.error(format!("rendering failed: {e}"), Some(e))),
+            None => {
+                Err(self.error(format!("rendering failed: it needs more than {} MiB", TEMPLATE_MEMORY >> 20), None))
+            }
         }
     }
 }
@@ -243,12 +244,23 @@ impl ChatTemplate {
         while let Some(start) = rest.find(OPEN) {
             out.extend(tok.encode(&rest[..start], true)?);
             let after = &rest[start + OPEN.len_utf8()..];
-            let end = after.find(CLOSE).ok_or_else(|| Error::ChatTemplate("template split a message marker".into()))?;
-            let index: usize =
-                after[..end].parse().map_err(|_| Error::ChatTemplate("template altered a message marker".into()))?;
+            let end = after.find(CLOSE).ok_or_else(|| Error::ChatTemplate {
+                origin: None,
+                problem: "template split a message marker".into(),
+                source: None,
+            })?;
+            let index: usize = after[..end].parse().map_err(|_| Error::ChatTemplate {
+                origin: None,
+                problem: "template altered a message marker".into(),
+                source: None,
+            })?;
             let content = &messages
                 .get(index)
-                .ok_or_else(|| Error::ChatTemplate("template altered a message marker".into()))?
+                .ok_or_else(|| Error::ChatTemplate {
+                    origin: None,
+                    problem: "template altered a message marker".into(),
+                    source: None,
+                })?
                 .content;
             out.extend(tok.encode(content, false)?);
             rest = &after[end + CLOSE.len_utf8()..];

@@ -34,11 +34,11 @@ impl Model {
         let lm = Transformer::load(&mut g, opts, started)?;
         let rows = lm.info().hparams.vocab;
         if rows < tokenizer.vocab_size() {
-            return Err(Error::Tokenizer(format!(
-                "{}: tokenizer has {} tokens but the embedding has only {rows} rows",
-                path.display(),
-                tokenizer.vocab_size(),
-            )));
+            return Err(Error::Tensor {
+                path: path.to_path_buf(),
+                tensor: "token_embd.weight".into(),
+                reason: format!("{rows} rows, but the tokenizer has {} tokens", tokenizer.vocab_size()),
+            });
         }
         let template = match g.str_opt("tokenizer.chat_template")? {
             Some(t) => t.to_string(),
@@ -52,7 +52,9 @@ impl Model {
         let origin = path.display().to_string();
         let chat = ChatTemplate::new(&template, &tokenizer)
             .map_err(|e| match e {
-                Error::ChatTemplate(m) => Error::ChatTemplate(format!("{origin}: {m}")),
+                Error::ChatTemplate { origin: None, problem, source } => {
+                    Error::ChatTemplate { origin: Some(origin.clone()), problem, source }
+                }
                 e => e,
             })?
             .with_origin(origin);

@@ -156,8 +156,8 @@ impl Tokenizer {
 
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let tok =
-            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let tok = tokenizers::Tokenizer::from_file(path)
+            .map_err(|source| Error::Tokenizer { context: path.display().to_string(), source })?;
         let size = tok.get_vocab_size(true);
         let added = tok.get_added_tokens_decoder();
         let mut texts = vec![String::new(); size];
@@ -249,7 +249,7 @@ impl Tokenizer {
         if let Engine::HfJson(tok) = &self.engine {
             let mut tok = (**tok).clone();
             tok.set_encode_special_tokens(!parse_special);
-            let enc = tok.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+            let enc = tok.encode(text, false).map_err(encode_error)?;
             return Ok(enc.get_ids().to_vec());
         }
         let mut out = Vec::new();
@@ -258,7 +258,7 @@ impl Tokenizer {
                 Fragment::Token(id) => out.push(id),
                 Fragment::Text(s) => match &self.engine {
                     Engine::Bpe(tok) => {
-                        let enc = tok.encode(s, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+                        let enc = tok.encode(s, false).map_err(encode_error)?;
                         out.extend_from_slice(enc.get_ids());
                     }
                     Engine::Spm(spm) => spm.encode(s, &mut out),
@@ -321,6 +321,10 @@ impl Tokenizer {
     }
 }
 
+fn encode_error(source: tokenizers::Error) -> Error {
+    Error::Tokenizer { context: "encoding".into(), source }
+}
+
 fn meta_error(gguf: &GgufFile, key: &str, problem: String) -> Error {
     Error::Metadata { path: gguf.path().into(), key: key.into(), problem }
 }
@@ -359,7 +363,9 @@ fn gguf_bpe(gguf: &GgufFile, texts: &[String], kinds: &[TokenKind]) -> Result<(E
         .collect::<Result<_>>()?;
     let regexes = pre_regexes(&pre).map_err(|e| meta_error(gguf, "tokenizer.ggml.pre", e))?;
     let bpe = build_bpe(texts, merges, regexes).map_err(|e| match e {
-        Error::Tokenizer(m) => meta_error(gguf, "tokenizer.ggml.merges", m),
+        Error::Tokenizer { context, source } => {
+            meta_error(gguf, "tokenizer.ggml.merges", format!("{context}: {source}"))
+        }
         e => e,
     })?;
     let table = byte_level_decode_table();
@@ -422,11 +428,11 @@ fn build_bpe(texts: &[String], merges: Vec<(String, String)>, pre: &[&str]) -> R
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .build()
-        .map_err(|e| Error::Tokenizer(format!("building BPE model: {e}")))?;
+        .map_err(|source| Error::Tokenizer { context: "building the BPE model".into(), source })?;
     let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
     for re in pre {
         let split = Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| Error::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
+            .map_err(|source| Error::Tokenizer { context: "pre-tokenizer regex".into(), source })?;
         steps.push(split.into());
     }
     steps.push(ByteLevel::new(false, false, false).into());

@@ -33,7 +33,10 @@ impl Default for BuiltinOptions {
 pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
     let root = opts.root.canonicalize().map_err(|e| Error::io(&opts.root, e))?;
     if !root.is_dir() {
-        return Err(Error::InvalidArgument(format!("--root {} is not a directory", root.display())));
+        return Err(Error::InputFile {
+            path: root.to_path_buf(),
+            problem: "not a directory (the file tools' root)".into(),
+        });
     }
     let mut tools: Vec<Arc<dyn Tool>> = vec![
         Arc::new(FnTool::new(

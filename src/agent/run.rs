@@ -1,0 +1,542 @@
+//! One run of the agent: the step loop, each step's attempts (decide → check → retry with the error fed
+//! back), abstention on ungrounded first calls, tool execution and observations.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::decision::{self, Decision, DecisionFormat, ToolChoice};
+use super::driver::{self, DecisionRequest, DriverOutput};
+use super::events::{AgentEvent, CallRecord, DecisionStats, RunStats, Step, StopReason, Transcript};
+use super::{grounding, native, Agent, AgentConfig};
+use crate::decode::constraint::Grammar;
+use crate::error::{Error, Result};
+use crate::text::chat::{ChatMessage, Role};
+use crate::tools::{CallOutcome, ToolCall, ToolSpec};
+
+/// What one step's attempts produced.
+enum Attempt {
+    Decided(Decided),
+    Stop(StopReason),
+}
+
+/// One valid decision, as the step keeps it.
+struct Decided {
+    decision: Decision,
+    /// The decision as the conversation keeps it.
+    text: String,
+    stats: DecisionStats,
+    retries: usize,
+}
+
+/// Where a run stands between steps.
+#[derive(Default)]
+struct RunState {
+    steps: Vec<Step>,
+    stats: RunStats,
+    /// Calls made so far with their outcomes, to refuse repeats.
+    recent: Vec<(ToolCall, CallOutcome)>,
+    /// A repeated call was refused: an `auto` run must answer now.
+    force_answer: bool,
+    /// The previous step's call failed (and the step before was not already forced by a failure).
+    after_error: bool,
+}
+
+/// The grammars a step chooses from.
+struct StepGrammars {
+    /// The run's tool choice.
+    normal: StepGrammar,
+    /// Answers only: after a repeated call is refused, an `auto` run must answer.
+    answer_only: StepGrammar,
+    /// Calls only: the first step, or the step after an error, where the settings ask for a call.
+    call_only: Option<StepGrammar>,
+}
+
+impl StepGrammars {
+    fn new(specs: &[ToolSpec], config: &AgentConfig) -> Result<Self> {
+        let must_call = config.first_decision_calls || config.call_after_error;
+        Ok(Self {
+            normal: StepGrammar::new(specs, &config.tool_choice, config)?,
+            answer_only: StepGrammar::new(specs, &ToolChoice::None, config)?,
+            call_only: (must_call && config.tool_choice == ToolChoice::Auto && !specs.is_empty())
+                .then(|| StepGrammar::new(specs, &ToolChoice::Required, config))
+                .transpose()?,
+        })
+    }
+
+    fn pick(&self, forced_call: bool, force_answer: bool) -> &StepGrammar {
+        match (&self.call_only, forced_call, force_answer) {
+            (_, _, true) => &self.answer_only,
+            (Some(required), true, _) => required,
+            _ => &self.normal,
+        }
+    }
+}
+
+impl Agent {
+    /// [`run`](Self::run) for a conversation: its system messages are added to the agent's system prompt,
+    /// the other turns follow it.
+    pub fn run_conversation(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
+        let task = conversation
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::User)
+            .map(|m| m.content.clone())
+            .ok_or_else(|| Error::param("conversation", "it has no user message"))?;
+        let t0 = Instant::now();
+        let specs = self.executor.tools().specs();
+        let tools_value =
+            (self.config.format == DecisionFormat::Native && !specs.is_empty()).then(|| native::tools_value(&specs));
+        let grammars = StepGrammars::new(&self.grammar_specs, &self.config)?;
+        let mut messages = self.opening_messages(conversation, &specs);
+        let names = specs.iter().map(|s| s.name.clone()).collect();
+        self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
+        let mut run = RunState::default();
+        let stop = loop {
+            if crate::limits::interrupted() {
+                break StopReason::Interrupted;
+            }
+            if run.steps.len() >= self.config.max_steps {
+                break StopReason::MaxSteps { steps: run.steps.len() };
+            }
+            if let Some(stop) =
+                self.step(&mut run, &mut messages, &grammars, tools_value.as_ref(), !specs.is_empty())?
+            {
+                break stop;
+            }
+        };
+        if stop != StopReason::FinalAnswer {
+            self.emit(AgentEvent::RunFailed { reason: stop.clone() });
+        }
+        let RunState { steps, mut stats, .. } = run;
+        stats.decisions = steps.len();
+        stats.seconds = t0.elapsed().as_secs_f64();
+        let final_answer = match steps.last().map(|s| &s.decision) {
+            Some(Decision::FinalAnswer { answer, .. }) if stop == StopReason::FinalAnswer => Some(answer.clone()),
+            _ => None,
+        };
+        Ok(Transcript { task, steps, final_answer, stop_reason: stop, stats })
+    }
+
+    /// The system prompt (ReAct: the decision format and the tools; native: the chat template renders the
+    /// tools, and the system prompt holds only what the caller gave) followed by the conversation's turns.
+    fn opening_messages(&self, conversation: &[ChatMessage], specs: &[ToolSpec]) -> Vec<ChatMessage> {
+        let mut system = match self.config.format {
+            DecisionFormat::React => {
+                decision::decision_instructions(specs, &self.config.tool_choice, &self.config.decision)
+            }
+            DecisionFormat::Native => String::new(),
+        };
+        let extra = self.config.system_prompt.iter().map(String::as_str);
+        for text in extra.chain(conversation.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str())) {
+            if !system.is_empty() {
+                system.push('\n');
+            }
+            system.push_str(text);
+        }
+        let mut messages = Vec::new();
+        if !system.is_empty() {
+            messages.push(ChatMessage::system(system));
+        }
+        messages.extend(conversation.iter().filter(|m| m.role != Role::System).cloned());
+        messages
+    }
+
+    /// One step: a decision (re-decided as an answer when its first call is ungrounded), then its calls.
+    /// Returns the stop reason when the run ends here.
+    fn step(
+        &mut self,
+        run: &mut RunState,
+        messages: &mut Vec<ChatMessage>,
+        grammars: &StepGrammars,
+        tools: Option<&Value>,
+        has_tools: bool,
+    ) -> Result<Option<StopReason>> {
+        let step_no = run.steps.len() + 1;
+        let forced_call = (run.steps.is_empty() && self.config.first_decision_calls) || run.after_error;
+        let grammar = grammars.pick(forced_call, run.force_answer);
+        let forced_after_error = std::mem::take(&mut run.after_error);
+        let mut decided = match self.attempt(step_no, messages, grammar, tools, &mut run.stats)? {
+            Attempt::Decided(d) => d,
+            Attempt::Stop(s) => return Ok(Some(s)),
+        };
+        // The first free choice between calling and answering: a call made of values the user never
+        // wrote means no listed tool fits.
+        let free_first = run.steps.is_empty() && !forced_call && !run.force_answer && has_tools;
+        let grounding =
+            match (free_first && self.config.tool_choice == ToolChoice::Auto, decided.decision.calls().first()) {
+                (true, Some(call)) => grounding::grounding(call, messages),
+                _ => None,
+            };
+        if let (Some(g), Some(threshold)) = (grounding, self.config.abstain_below) {
+            if g < threshold {
+                let calls = decided.decision.calls();
+                self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold });
+                self.driver.rollback();
+                match self.attempt(step_no, messages, &grammars.answer_only, tools, &mut run.stats)? {
+                    Attempt::Decided(answer) => decided = merge_redecided(decided, answer),
+                    Attempt::Stop(s) => return Ok(Some(s)),
+                }
+            }
+        }
+        let Decided { decision, text, stats, retries } = decided;
+        self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
+        messages.push(ChatMessage::assistant(text));
+        let mut step =
+            Step { decision: decision.clone(), calls: Vec::new(), observation: None, retries, stats, grounding };
+        if let Decision::FinalAnswer { answer, .. } = &decision {
+            self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
+            run.steps.push(step);
+            return Ok(Some(StopReason::FinalAnswer));
+        }
+        self.run_calls(step_no, &decision, &mut step, run, forced_after_error);
+        messages.extend(self.observation_messages(&mut step));
+        run.steps.push(step);
+        Ok(None)
+    }
+
+    /// Runs the decision's calls into `step.calls`, noting in `run` whether the next step must answer (a
+    /// refused repeat) or call again (a failure, when the settings ask for it).
+    fn run_calls(
+        &mut self,
+        step_no: usize,
+        decision: &Decision,
+        step: &mut Step,
+        run: &mut RunState,
+        forced_after_error: bool,
+    ) {
+        for call in decision.calls() {
+            let (call, outcome) = self.call(step_no, call, &mut run.recent);
+            if matches!(outcome, CallOutcome::Repeated { .. }) {
+                run.force_answer = self.config.tool_choice == ToolChoice::Auto;
+            }
+            let failed =
+                matches!(outcome, CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. });
+            run.after_error |= failed && self.config.call_after_error && !forced_after_error;
+            step.calls.push(CallRecord { call, outcome });
+        }
+    }
+
+    /// The turns that carry the step's results back to the model, and `step.observation`.
+    fn observation_messages(&self, step: &mut Step) -> Vec<ChatMessage> {
+        if self.config.format == DecisionFormat::Native {
+            // The template wraps each tool turn as the model saw results in training.
+            let observations: Vec<String> = step.calls.iter().map(|c| c.outcome.observation()).collect();
+            step.observation = Some(observations.join("\n"));
+            return observations.into_iter().map(|o| ChatMessage::new(Role::Tool, o)).collect();
+        }
+        // Naming the call next to its result lets small models connect the two.
+        let observations: Vec<String> = step
+            .calls
+            .iter()
+            .map(|c| format!("{} {} returned: {}", c.call.tool, c.call.args, c.outcome.observation()))
+            .collect();
+        // After a failure the error speaks for itself (small models copy any advice into their answer).
+        let failed = step.calls.iter().any(|c| !c.outcome.is_ok());
+        let next = match (&self.config.tool_choice, failed) {
+            (ToolChoice::Auto, false) => "\nIf this answers the task, give the final answer now.",
+            _ => "",
+        };
+        let observation = format!("Observation: {}{next}", observations.join("\n"));
+        step.observation = Some(observation.clone());
+        vec![ChatMessage::new(self.driver.observation_role(), observation)]
+    }
+
+    /// Gets one valid decision, retrying extraction and validation failures with the error fed back.
+    fn attempt(
+        &mut self,
+        step: usize,
+        messages: &mut [ChatMessage],
+        schema: &StepGrammar,
+        tools: Option<&Value>,
+        stats: &mut RunStats,
+    ) -> Result<Attempt> {
+        let mut feedback: Option<String> = None;
+        let mut last_error = String::new();
+        for attempt in 0..=self.config.max_retries {
+            self.emit(AgentEvent::StepStarted { step, attempt });
+            // The failed output is not kept; the retry sees the conversation plus what was wrong.
+            let mut request_messages = messages.to_vec();
+            if let Some(f) = &feedback {
+                request_messages.push(ChatMessage::user(f.clone()));
+            }
+            if let Some(stop) = self.fit_context(messages, &mut request_messages, tools)? {
+                return Ok(Attempt::Stop(stop));
+            }
+            let req = DecisionRequest {
+                messages: &request_messages,
+                grammar: &schema.grammar,
+                tools,
+                format: self.config.format,
+                biases: self.config.branch_biases,
+                max_tokens: self.config.max_decision_tokens,
+                attempt,
+            };
+            let out = match self.driver.decide(&req) {
+                Ok(o) => o,
+                Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
+            };
+            if crate::limits::interrupted() {
+                return Ok(Attempt::Stop(StopReason::Interrupted));
+            }
+            stats.prompt_tokens += out.stats.prompt_tokens;
+            stats.reused_tokens += out.stats.reused_tokens;
+            stats.generated_tokens += out.stats.generated_tokens;
+            if let Some(budget) = self.config.token_budget.filter(|&b| stats.generated_tokens > b) {
+                return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
+            }
+            let error = match self.check(&out, schema) {
+                Ok(decision) => {
+                    let (decision, cut) = decision.until_repeated_call();
+                    let text = self.kept_text(&out.text, &decision, cut)?;
+                    return Ok(Attempt::Decided(Decided { decision, text, stats: out.stats, retries: attempt }));
+                }
+                Err(Failure::Extraction(error)) => {
+                    self.emit(AgentEvent::ExtractionFailed {
+                        step,
+                        attempt,
+                        error: error.clone(),
+                        output: out.text.clone(),
+                        stats: out.stats.clone(),
+                    });
+                    error
+                }
+                Err(Failure::Validation(error, decision)) => {
+                    self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
+                    error
+                }
+            };
+            stats.retries += 1;
+            self.driver.rollback();
+            feedback = Some(match self.config.format {
+                DecisionFormat::React => format!(
+                    "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
+                ),
+                DecisionFormat::Native => format!("Your last reply was not valid: {error}."),
+            });
+            last_error = error;
+        }
+        stats.retries -= 1; // the last failure was not followed by a retry
+        Ok(Attempt::Stop(StopReason::RetriesExhausted { step, last_error }))
+    }
+
+    /// The decision as the conversation keeps it: the compact JSON (ReAct) or the reply (native), rebuilt
+    /// from the calls when a repeated call was cut off.
+    fn kept_text(&self, reply: &str, decision: &Decision, cut: bool) -> Result<String> {
+        Ok(match (self.config.format, cut) {
+            (DecisionFormat::React, false) => serde_json::to_string(&decision_value(reply))?,
+            (DecisionFormat::React, true) => {
+                let mut v = decision_value(reply);
+                v["calls"] = serde_json::to_value(decision.calls())?;
+                serde_json::to_string(&v)?
+            }
+            (DecisionFormat::Native, false) => reply.trim().to_string(),
+            (DecisionFormat::Native, true) => native::render_calls(&decision.calls()),
+        })
+    }
+
+    /// Extraction (a complete JSON object) and validation (the decision schema, known tools, the tools'
+    /// argument schemas and validators).
+    fn check(&self, out: &DriverOutput, schema: &StepGrammar) -> std::result::Result<Decision, Failure> {
+        if schema.validator.is_none() {
+            return self.check_native(out, schema);
+        }
+        if !out.complete {
+            return Err(Failure::Extraction(format!(
+                "the reply ended before the decision was complete ({} tokens)",
+                out.stats.generated_tokens
+            )));
+        }
+        let v = driver::extract_json(&out.text)
+            .ok_or_else(|| Failure::Extraction("the reply contains no JSON object".into()))?;
+        // Calls first: a wrong tool or argument gets a precise message rather than "matches no
+        // alternative of the decision schema".
+        let calls: Vec<&Value> = match v.get("calls").and_then(|c| c.as_array()) {
+            Some(cs) => cs.iter().collect(),
+            None if v.get("tool").is_some() => vec![&v],
+            None => Vec::new(),
+        };
+        for c in calls {
+            let Some(tool) = c.get("tool").and_then(|t| t.as_str()) else { continue };
+            let call = ToolCall { tool: tool.to_string(), args: c.get("args").cloned().unwrap_or(Value::Null) };
+            if let Err(e) = self.check_call(&call) {
+                return Err(Failure::Validation(e, v));
+            }
+        }
+        let validator = schema.validator.as_ref().expect("ReAct steps have a validator");
+        let decision = validator.parse(v.clone()).map_err(|e| Failure::Validation(e.to_string(), v))?;
+        Ok(decision)
+    }
+
+    /// [`check`](Self::check) for the native format. An answer cut off at the token limit is kept as it
+    /// is (an answer has no structure to lose); a cut-off call is an extraction failure.
+    fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
+        let decision = match native::parse_native(&out.text) {
+            Ok(d) if out.complete || d.calls().is_empty() => d,
+            Err(e) if out.complete => return Err(Failure::Extraction(e.to_string())),
+            // Cut off by the token limit inside a later call (a runaway string or array): the calls that
+            // were complete are kept.
+            _ => native::parse_complete_calls(&out.text).ok_or_else(|| {
+                Failure::Extraction(format!(
+                    "the reply ended before the call was complete ({} tokens)",
+                    out.stats.generated_tokens
+                ))
+            })?,
+        };
+        let as_value = || serde_json::to_value(&decision).unwrap_or(Value::Null);
+        let calls = decision.calls();
+        let max = self.config.decision.parallel_calls.unwrap_or(1).max(1);
+        let shape_error = match (&step.choice, calls.is_empty()) {
+            (ToolChoice::None, false) => Some("no tool may be called at this step: answer".to_string()),
+            (ToolChoice::Required | ToolChoice::Specific(_), true) => Some("a tool must be called".to_string()),
+            _ if calls.len() > max => Some(format!("{} calls in one reply; at most {max}", calls.len())),
+            (ToolChoice::Specific(name), _) => {
+                calls.iter().find(|c| &c.tool != name).map(|c| format!("`{}` called; only `{name}` may be", c.tool))
+            }
+            _ => None,
+        };
+        if let Some(e) = shape_error {
+            return Err(Failure::Validation(e, as_value()));
+        }
+        for call in &calls {
+            if let Err(e) = self.check_call(call) {
+                return Err(Failure::Validation(e, as_value()));
+            }
+        }
+        Ok(decision)
+    }
+
+    /// A call's validation error (unknown tool, arguments failing its schema or validator), naming the tool.
+    fn check_call(&self, call: &ToolCall) -> std::result::Result<(), String> {
+        self.executor.check(call).map_err(|outcome| {
+            format!("{} (tool `{}`)", outcome.error_text().unwrap_or_else(|| outcome.observation()), call.tool)
+        })
+    }
+
+    /// Executes one call, unless it repeats the previous ones too often. Returns the call as made
+    /// (interceptors may change it) and its outcome.
+    fn call(
+        &mut self,
+        step: usize,
+        call: ToolCall,
+        recent: &mut Vec<(ToolCall, CallOutcome)>,
+    ) -> (ToolCall, CallOutcome) {
+        if recent.last().is_some_and(|(c, _)| c != &call) {
+            recent.clear();
+        }
+        if recent.len() + 1 >= self.config.repeat_limit.max(1) {
+            if let Some((_, first)) = recent.first() {
+                let output = match first {
+                    CallOutcome::Repeated { output, .. } => output.clone(),
+                    other => other.observation(),
+                };
+                let outcome = CallOutcome::Repeated { output, times: recent.len() };
+                let reason = format!("repeats the previous call ({} time(s) already)", recent.len());
+                recent.push((call.clone(), outcome.clone()));
+                self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason });
+                return (call, outcome);
+            }
+        }
+        self.emit(AgentEvent::ToolCallStarted { step, call: call.clone() });
+        let t = Instant::now();
+        // Repeats are judged on the calls the model made, before interceptors rewrite them.
+        let asked = call.clone();
+        let (call, outcome) = self.executor.execute(call);
+        match &outcome {
+            CallOutcome::Blocked { reason } => {
+                self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason: reason.clone() })
+            }
+            _ => self.emit(AgentEvent::ToolCallCompleted {
+                step,
+                call: call.clone(),
+                outcome: outcome.clone(),
+                seconds: t.elapsed().as_secs_f64(),
+            }),
+        }
+        recent.push((asked, outcome.clone()));
+        (call, outcome)
+    }
+
+    /// Makes the request fit the context with room for a decision: shortens the oldest observations
+    /// first (in the kept conversation too); `Some(stop)` when even that is not enough.
+    fn fit_context(
+        &mut self,
+        kept: &mut [ChatMessage],
+        request: &mut [ChatMessage],
+        tools: Option<&Value>,
+    ) -> Result<Option<StopReason>> {
+        const SHORT: usize = 200;
+        loop {
+            let Some((needed, capacity)) = self.driver.measure(request, tools)? else { return Ok(None) };
+            let needed = needed + self.config.max_decision_tokens;
+            if needed <= capacity {
+                return Ok(None);
+            }
+            // The oldest observation that is still long.
+            let victim = (1..kept.len()).find(|&i| {
+                let m = &kept[i];
+                (m.role == Role::Tool || (m.role == Role::User && i >= 2 && m.content.starts_with("Observation")))
+                    && m.content.len() > SHORT + 40
+            });
+            let Some(i) = victim else {
+                return Ok(Some(StopReason::ContextOverflow { needed, capacity }));
+            };
+            let mut cut = SHORT;
+            while !kept[i].content.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let short = format!("{} [... shortened to fit the context]", &kept[i].content[..cut]);
+            kept[i].content = short.clone();
+            request[i].content = short;
+        }
+    }
+}
+
+/// The grammar of one step's decisions, with the compiled validator of a ReAct schema.
+pub(super) struct StepGrammar {
+    pub(super) grammar: Grammar,
+    choice: ToolChoice,
+    validator: Option<decision::DecisionValidator>,
+}
+
+impl StepGrammar {
+    pub(super) fn new(specs: &[ToolSpec], choice: &ToolChoice, config: &AgentConfig) -> Result<Self> {
+        let opts = &config.decision;
+        // The ReAct schema also checks the tool set (duplicates, an unknown tool choice) for both formats.
+        let schema = decision::decision_schema(specs, choice, opts)?;
+        Ok(match config.format {
+            DecisionFormat::React => Self {
+                validator: Some(decision::DecisionValidator::new(&schema)?),
+                grammar: Grammar::JsonSchema(schema),
+                choice: choice.clone(),
+            },
+            DecisionFormat::Native => Self {
+                grammar: Grammar::Lark(native::native_grammar(specs, choice, opts)?),
+                choice: choice.clone(),
+                validator: None,
+            },
+        })
+    }
+}
+
+enum Failure {
+    Extraction(String),
+    Validation(String, Value),
+}
+
+/// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).
+fn decision_value(text: &str) -> Value {
+    driver::extract_json(text).unwrap_or(Value::Null)
+}
+
+/// A step whose first decision was dropped as ungrounded and decided again: the second decision, with the
+/// figures of both generations (its branch margins are the first's, where the choice was made).
+fn merge_redecided(first: Decided, mut second: Decided) -> Decided {
+    let s = &mut second.stats;
+    s.generated_tokens += first.stats.generated_tokens;
+    s.forced_tokens += first.stats.forced_tokens;
+    s.seconds += first.stats.seconds;
+    s.branch_margins = first.stats.branch_margins;
+    second.retries += first.retries;
+    second
+}
