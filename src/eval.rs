@@ -26,7 +26,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent::{Agent, AgentConfig, DecisionFormat, Driver, StopReason, ToolChoice};
+use crate::agent::{Agent, AgentConfig, DecisionFormat, Driver, StopReason, ToolChoice, Transcript};
 use crate::error::{Error, Result};
 use crate::text::chat::ChatMessage;
 use crate::tools::{FnTool, Tool, ToolError, ToolSpec};
@@ -359,132 +359,159 @@ pub fn run_eval(
         if crate::limits::interrupted() {
             break;
         }
-        let specs: Vec<ToolSpec> = task.functions.iter().map(ToolSpec::from_function_json).collect::<Result<_>>()?;
-        let mut bound: Vec<Arc<dyn Tool>> = specs.iter().map(|s| bind(s, tools, opts.dry_run)).collect();
-        let mut specs = Ok(specs);
-        for name in &task.tools {
-            match (tools.iter().find(|t| &t.spec().name == name), &mut specs) {
-                (Some(tool), Ok(specs)) => {
-                    specs.push(tool.spec().clone());
-                    bound.push(bind(tool.spec(), tools, opts.dry_run));
-                }
-                (None, _) => specs = Err(format!("no tool `{name}` is provided (built-ins: --root; others: --tools)")),
-                (Some(_), Err(_)) => {}
-            }
-        }
-        let mut config = opts.agent.clone();
-        if opts.dry_run {
-            config.max_steps = 1;
-            // Only whether the first decision calls, and what, is recorded: a native answer's text is not
-            // needed past its first tokens (its first token already made the choice).
-            config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(16);
-        }
-        if specs.as_ref().is_ok_and(|s| s.is_empty()) && config.tool_choice == ToolChoice::Auto {
-            config.tool_choice = ToolChoice::None;
-        }
+        let (specs, bound) = task_tools(task, tools, opts.dry_run);
+        let config = task_config(opts, specs.as_ref().is_ok_and(|s| s.is_empty()));
         let t0 = Instant::now();
         // A task the settings cannot run (a tool the eval does not provide, `--tool-choice NAME` and a task
         // without NAME) gets a result line saying so, and the eval goes on; checked before the driver,
         // which holds the loaded model, is handed over.
-        let specs = specs.and_then(|specs| {
-            // What building the agent compiles: the decision schema and its validator, or the native grammar.
-            let (choice, opts) = (&config.tool_choice, &config.decision);
-            let checked =
-                crate::agent::decision::decision_schema(&specs, choice, opts).and_then(|schema| match config.format {
-                    DecisionFormat::React => crate::agent::decision::DecisionValidator::new(&schema).map(|_| ()),
-                    DecisionFormat::Native => crate::agent::native::native_grammar(&specs, choice, opts).map(|_| ()),
-                });
-            checked.map(|_| specs).map_err(|e| e.to_string())
-        });
-        let specs = match specs {
-            Ok(specs) => specs,
-            Err(e) => {
-                let result = TaskResult {
-                    id: task.id.clone(),
-                    category: Some(task.category()),
-                    calls: Vec::new(),
-                    final_answer: None,
-                    stop_reason: format!("invalid_task: {e}"),
-                    steps: 0,
-                    retries: 0,
-                    valid_first_try: false,
-                    prompt_tokens: 0,
-                    reused_tokens: 0,
-                    generated_tokens: 0,
-                    seconds: 0.0,
-                    correct: (task.expected.is_some() || task.expected_answer.is_some()).then_some(false),
-                    call_margin: None,
-                    stop_margins: Vec::new(),
-                    grounding: None,
+        let result = match specs.and_then(|specs| runnable(specs, &config)) {
+            Err(e) => invalid_task_result(task, &e),
+            Ok(specs) => {
+                if !opts.reuse_across_tasks {
+                    driver.forget();
+                }
+                let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
+                let messages = match (&task.messages, &task.question) {
+                    (Some(m), _) => m.clone(),
+                    (None, Some(q)) => vec![ChatMessage::user(q.clone())],
+                    (None, None) => unreachable!("checked by load_tasks"),
                 };
-                write_line(out, &result)?;
-                results.push(result);
-                progress(results.len(), total);
-                continue;
+                let transcript = agent.run_conversation(&messages);
+                driver = agent.into_driver();
+                let t = transcript?;
+                // An interrupted task is not recorded: a resumed eval runs it again.
+                if t.stop_reason == StopReason::Interrupted {
+                    break;
+                }
+                task_result(task, &t, &specs, opts.dry_run, t0.elapsed().as_secs_f64())?
             }
-        };
-        if !opts.reuse_across_tasks {
-            driver.forget();
-        }
-        let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
-        let messages = match (&task.messages, &task.question) {
-            (Some(m), _) => m.clone(),
-            (None, Some(q)) => vec![ChatMessage::user(q.clone())],
-            (None, None) => unreachable!("checked by load_tasks"),
-        };
-        let transcript = agent.run_conversation(&messages);
-        driver = agent.into_driver();
-        let t = transcript?;
-        // An interrupted task is not recorded: a resumed eval runs it again.
-        if t.stop_reason == StopReason::Interrupted {
-            break;
-        }
-        let first_calls = t.steps.first().map(|s| s.decision.calls()).unwrap_or_default();
-        let calls: Vec<RecordedCall> = if opts.dry_run {
-            first_calls.into_iter().map(|c| RecordedCall { name: c.tool, arguments: c.args }).collect()
-        } else {
-            t.steps
-                .iter()
-                .flat_map(|s| &s.calls)
-                .map(|c| RecordedCall { name: c.call.tool.clone(), arguments: c.call.args.clone() })
-                .collect()
-        };
-        let stop_reason = match (&t.stop_reason, opts.dry_run) {
-            (StopReason::MaxSteps { .. }, true) => "first_decision".to_string(),
-            (s, _) => serde_json::to_value(s)?["kind"].as_str().unwrap_or("unknown").to_string(),
-        };
-        let first_margins = t.steps.first().map(|s| s.stats.branch_margins.clone()).unwrap_or_default();
-        // No valid decision at all is a failure, not a correct "no call".
-        let decided = !t.steps.is_empty();
-        let calls_right = task.expected.as_ref().map(|e| decided && matches_expected(e, &calls, &specs));
-        let answer_right = task.expected_answer.as_ref().map(|e| answer_matches(e, t.final_answer.as_deref()));
-        let correct = match (calls_right, answer_right) {
-            (Some(a), Some(b)) => Some(a && b),
-            (a, b) => a.or(b),
-        };
-        let result = TaskResult {
-            id: task.id.clone(),
-            category: Some(task.category()),
-            calls,
-            final_answer: t.final_answer.clone(),
-            stop_reason,
-            steps: t.steps.len(),
-            retries: t.stats.retries,
-            valid_first_try: t.steps.first().is_some_and(|s| s.retries == 0),
-            prompt_tokens: t.stats.prompt_tokens,
-            reused_tokens: t.stats.reused_tokens,
-            generated_tokens: t.stats.generated_tokens,
-            seconds: t0.elapsed().as_secs_f64(),
-            correct,
-            call_margin: first_margins.iter().find(|m| m.label == "call").map(|m| m.margin),
-            stop_margins: first_margins.iter().filter(|m| m.label == "stop").map(|m| m.margin).collect(),
-            grounding: t.steps.first().and_then(|s| s.grounding),
         };
         write_line(out, &result)?;
         results.push(result);
         progress(results.len(), total);
     }
     Ok((driver, results))
+}
+
+/// A task's tool specs, or why the task cannot be run.
+type TaskSpecs = std::result::Result<Vec<ToolSpec>, String>;
+
+/// The task's tool specs (its own functions, then the named tools the eval provides) and the tools bound to
+/// them; the specs are an error when a named tool is not provided.
+fn task_tools(task: &EvalTask, tools: &[Arc<dyn Tool>], dry_run: bool) -> (TaskSpecs, Vec<Arc<dyn Tool>>) {
+    let specs = match task.functions.iter().map(ToolSpec::from_function_json).collect::<Result<Vec<_>>>() {
+        Ok(specs) => specs,
+        Err(e) => return (Err(e.to_string()), Vec::new()),
+    };
+    let mut bound: Vec<Arc<dyn Tool>> = specs.iter().map(|s| bind(s, tools, dry_run)).collect();
+    let mut specs = Ok(specs);
+    for name in &task.tools {
+        match (tools.iter().find(|t| &t.spec().name == name), &mut specs) {
+            (Some(tool), Ok(specs)) => {
+                specs.push(tool.spec().clone());
+                bound.push(bind(tool.spec(), tools, dry_run));
+            }
+            (None, _) => specs = Err(format!("no tool `{name}` is provided (built-ins: --root; others: --tools)")),
+            (Some(_), Err(_)) => {}
+        }
+    }
+    (specs, bound)
+}
+
+/// The agent settings for one task: one decision in a dry run, and no tool choice without tools.
+fn task_config(opts: &EvalOptions, no_tools: bool) -> AgentConfig {
+    let mut config = opts.agent.clone();
+    if opts.dry_run {
+        config.max_steps = 1;
+        // Only whether the first decision calls, and what, is recorded: a native answer's text is not
+        // needed past its first tokens (its first token already made the choice).
+        config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(16);
+    }
+    if no_tools && config.tool_choice == ToolChoice::Auto {
+        config.tool_choice = ToolChoice::None;
+    }
+    config
+}
+
+/// `specs` when building the agent would compile them: the decision schema and its validator, or the
+/// native grammar.
+fn runnable(specs: Vec<ToolSpec>, config: &AgentConfig) -> std::result::Result<Vec<ToolSpec>, String> {
+    let (choice, opts) = (&config.tool_choice, &config.decision);
+    let checked =
+        crate::agent::decision::decision_schema(&specs, choice, opts).and_then(|schema| match config.format {
+            DecisionFormat::React => crate::agent::decision::DecisionValidator::new(&schema).map(|_| ()),
+            DecisionFormat::Native => crate::agent::native::native_grammar(&specs, choice, opts).map(|_| ()),
+        });
+    checked.map(|_| specs).map_err(|e| e.to_string())
+}
+
+/// The result line of a task that could not be run.
+fn invalid_task_result(task: &EvalTask, error: &str) -> TaskResult {
+    TaskResult {
+        id: task.id.clone(),
+        category: Some(task.category()),
+        calls: Vec::new(),
+        final_answer: None,
+        stop_reason: format!("invalid_task: {error}"),
+        steps: 0,
+        retries: 0,
+        valid_first_try: false,
+        prompt_tokens: 0,
+        reused_tokens: 0,
+        generated_tokens: 0,
+        seconds: 0.0,
+        correct: (task.expected.is_some() || task.expected_answer.is_some()).then_some(false),
+        call_margin: None,
+        stop_margins: Vec::new(),
+        grounding: None,
+    }
+}
+
+/// The result line of a task that ran: its calls (a dry run's first decision's, else those executed),
+/// scored against what the task expects.
+fn task_result(task: &EvalTask, t: &Transcript, specs: &[ToolSpec], dry_run: bool, seconds: f64) -> Result<TaskResult> {
+    let calls: Vec<RecordedCall> = if dry_run {
+        let first_calls = t.steps.first().map(|s| s.decision.calls()).unwrap_or_default();
+        first_calls.into_iter().map(|c| RecordedCall { name: c.tool, arguments: c.args }).collect()
+    } else {
+        t.steps
+            .iter()
+            .flat_map(|s| &s.calls)
+            .map(|c| RecordedCall { name: c.call.tool.clone(), arguments: c.call.args.clone() })
+            .collect()
+    };
+    let stop_reason = match (&t.stop_reason, dry_run) {
+        (StopReason::MaxSteps { .. }, true) => "first_decision".to_string(),
+        (s, _) => serde_json::to_value(s)?["kind"].as_str().unwrap_or("unknown").to_string(),
+    };
+    let first_margins = t.steps.first().map(|s| s.stats.branch_margins.clone()).unwrap_or_default();
+    // No valid decision at all is a failure, not a correct "no call".
+    let decided = !t.steps.is_empty();
+    let calls_right = task.expected.as_ref().map(|e| decided && matches_expected(e, &calls, specs));
+    let answer_right = task.expected_answer.as_ref().map(|e| answer_matches(e, t.final_answer.as_deref()));
+    let correct = match (calls_right, answer_right) {
+        (Some(a), Some(b)) => Some(a && b),
+        (a, b) => a.or(b),
+    };
+    Ok(TaskResult {
+        id: task.id.clone(),
+        category: Some(task.category()),
+        calls,
+        final_answer: t.final_answer.clone(),
+        stop_reason,
+        steps: t.steps.len(),
+        retries: t.stats.retries,
+        valid_first_try: t.steps.first().is_some_and(|s| s.retries == 0),
+        prompt_tokens: t.stats.prompt_tokens,
+        reused_tokens: t.stats.reused_tokens,
+        generated_tokens: t.stats.generated_tokens,
+        seconds,
+        correct,
+        call_margin: first_margins.iter().find(|m| m.label == "call").map(|m| m.margin),
+        stop_margins: first_margins.iter().filter(|m| m.label == "stop").map(|m| m.margin).collect(),
+        grounding: t.steps.first().and_then(|s| s.grounding),
+    })
 }
 
 /// Writes one result line and flushes it, so a kill never loses a finished task.

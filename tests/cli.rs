@@ -221,12 +221,43 @@ fn eval_refuses_to_write_over_its_task_file() {
     assert_eq!(std::fs::read_to_string(&tasks).unwrap(), format!("{line}\n"), "the tasks are intact");
 }
 
-/// Ctrl-C during an MCP call that never returns: the run ends with stop reason `interrupted` and exit
-/// code 130, and the server (with its process group) is gone.
+/// Starts `reagent run ARGS --trace FILE`, waits until the trace shows `event`, runs `before`, sends `signal`,
+/// and returns the output (exit code 130 asserted) and the trace's lines, the last of which must be the
+/// transcript of an interrupted run.
+#[cfg(target_os = "linux")]
+fn interrupt_run(args: &[&str], trace: &str, event: &str, before: &dyn Fn(), signal: i32) -> Vec<serde_json::Value> {
+    use std::time::{Duration, Instant};
+    let trace = scratch().join(trace);
+    let _ = std::fs::remove_file(&trace);
+    let child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .arg("run")
+        .args(args)
+        .args(["--trace", trace.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !std::fs::read_to_string(&trace).unwrap_or_default().contains(event) {
+        assert!(t0.elapsed() < Duration::from_secs(120), "the run never reached `{event}`");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    before();
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "interrupted");
+    lines
+}
+
+/// SIGTERM during a call to an MCP server: the server is stopped with the run.
 #[cfg(target_os = "linux")]
 #[test]
 fn an_interrupt_during_an_mcp_call_stops_the_server() {
-    use std::time::{Duration, Instant};
     let model = common::tiny_long_path(Arch::Qwen2);
     let marker = format!("mcp-interrupt-{}", std::process::id());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/mcp/misbehaving.py");
@@ -239,29 +270,11 @@ fn an_interrupt_during_an_mcp_call_stops_the_server() {
         ),
     )
     .unwrap();
-    let trace = scratch().join("mcp-interrupted-trace.jsonl");
-    let child = Command::new(env!("CARGO_BIN_EXE_reagent"))
-        .args(["run", "--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"])
-        .args(["--tool-choice", "hang", "--max-steps", "3", "--tool-timeout", "600", "--trace"])
-        .args([trace.to_str().unwrap(), "wait"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&trace).unwrap_or_default().contains("tool_call_started") {
-        assert!(t0.elapsed() < Duration::from_secs(120), "the run never called the tool");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(common::processes_matching(&marker).len(), 1, "the server runs during the call");
-    std::thread::sleep(Duration::from_millis(200));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> =
-        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "interrupted");
+    let args = ["--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"];
+    let more = ["--tool-choice", "hang", "--max-steps", "3", "--tool-timeout", "600", "wait"];
+    let args: Vec<&str> = args.iter().chain(&more).copied().collect();
+    let server_running = || assert_eq!(common::processes_matching(&marker).len(), 1, "the server runs during the call");
+    interrupt_run(&args, "mcp-interrupted-trace.jsonl", "tool_call_started", &server_running, libc::SIGTERM);
     let left = common::processes_matching(&marker);
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }
@@ -270,8 +283,7 @@ fn an_interrupt_during_an_mcp_call_stops_the_server() {
 /// `interrupted` and exit code 130, and the trace holds every event and the transcript.
 #[cfg(target_os = "linux")]
 #[test]
-fn an_interrupt_ends_the_run_cleanly() {
-    use std::time::{Duration, Instant};
+fn an_interrupt_during_a_tool_call_ends_the_run_cleanly() {
     let model = common::tiny_long_path(Arch::Qwen2);
     let marker = format!("sleep 301.{}", std::process::id());
     let tools = scratch().join("slow-tools.toml");
@@ -280,28 +292,27 @@ fn an_interrupt_ends_the_run_cleanly() {
         format!("[[tool]]\nname = \"slow\"\ncommand = [\"sh\", \"-c\", \"{marker}\"]\ntimeout_s = 600\n"),
     )
     .unwrap();
-    let trace = scratch().join("interrupted-trace.jsonl");
-    let child = Command::new(env!("CARGO_BIN_EXE_reagent"))
-        .args(["run", "--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"])
-        .args(["--tool-choice", "slow", "--max-steps", "3", "--tool-timeout", "600", "--trace"])
-        .args([trace.to_str().unwrap(), "wait"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    while !std::fs::read_to_string(&trace).unwrap_or_default().contains("tool_call_started") {
-        assert!(t0.elapsed() < Duration::from_secs(120), "the run never called the tool");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
-    let lines: Vec<serde_json::Value> =
-        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "interrupted");
+    let args = ["--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"];
+    let more = ["--tool-choice", "slow", "--max-steps", "3", "--tool-timeout", "600", "wait"];
+    let args: Vec<&str> = args.iter().chain(&more).copied().collect();
+    let lines = interrupt_run(&args, "interrupted-trace.jsonl", "tool_call_started", &|| {}, libc::SIGINT);
+    assert!(lines.iter().any(|l| l["event"] == "tool_call_completed"), "the cut-off call is recorded");
     let left = common::processes_matching(&marker);
     assert!(left.is_empty(), "processes left behind: {left:?}");
+}
+
+/// SIGINT or SIGTERM while the model is deciding (a long prompt being read on one thread): generation
+/// stops, no decision is recorded, the run ends `interrupted` with exit code 130 and a complete trace.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_interrupt_during_a_decision_ends_the_run_cleanly() {
+    let model = common::real_model_path("smollm2-135m");
+    let task = format!("{} What is 12 * 7?", "Here is some background you may ignore. ".repeat(250));
+    for (signal, name) in [(libc::SIGINT, "int"), (libc::SIGTERM, "term")] {
+        let args = ["--model", model.to_str().unwrap(), "--threads", "1", "--builtin", "calculator", &task];
+        let lines = interrupt_run(&args, &format!("decision-{name}-trace.jsonl"), "step_started", &|| {}, signal);
+        let events: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
+        assert!(events.contains(&"step_started"), "{events:?}");
+        assert!(!events.iter().any(|e| e.contains("decision") || e.contains("tool_call")), "{events:?}");
+    }
 }

@@ -291,20 +291,7 @@ impl Agent {
                     let text = self.kept_text(&out.text, &decision, cut)?;
                     return Ok(Attempt::Decided(Decided { decision, text, stats: out.stats, retries: attempt }));
                 }
-                Err(Failure::Extraction(error)) => {
-                    self.emit(AgentEvent::ExtractionFailed {
-                        step,
-                        attempt,
-                        error: error.clone(),
-                        output: out.text.clone(),
-                        stats: out.stats.clone(),
-                    });
-                    error
-                }
-                Err(Failure::Validation(error, decision)) => {
-                    self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
-                    error
-                }
+                Err(failure) => self.report_failure(step, attempt, failure, &out),
             };
             stats.retries += 1;
             self.driver.rollback();
@@ -318,6 +305,26 @@ impl Agent {
         }
         stats.retries -= 1; // the last failure was not followed by a retry
         Ok(Attempt::Stop(StopReason::RetriesExhausted { step, last_error }))
+    }
+
+    /// Sends the failure's event; its message, for the retry's feedback.
+    fn report_failure(&mut self, step: usize, attempt: usize, failure: Failure, out: &DriverOutput) -> String {
+        match failure {
+            Failure::Extraction(error) => {
+                self.emit(AgentEvent::ExtractionFailed {
+                    step,
+                    attempt,
+                    error: error.clone(),
+                    output: out.text.clone(),
+                    stats: out.stats.clone(),
+                });
+                error
+            }
+            Failure::Validation(error, decision) => {
+                self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
+                error
+            }
+        }
     }
 
     /// The decision as the conversation keeps it: the compact JSON (ReAct) or the reply (native), rebuilt

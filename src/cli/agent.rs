@@ -25,14 +25,14 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let tools = run_tools(&a)?;
     let mut trace = a.trace.as_deref().map(Trace::create).transpose()?;
     let model = load(&a.model)?;
-    let mut driver = match a.no_grammar {
+    let mut driver = match a.agent.no_grammar {
         true => ModelDriver::free_form(model, sampling, a.seed),
         false => ModelDriver::constrained(model, sampling, a.seed)?,
     };
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
     }
-    a.decision.resolve(&a.model, driver.supports_native(), true)?.apply(&mut config);
+    a.agent.decision.resolve(&a.model, driver.supports_native(), true)?.apply(&mut config);
     let (json, colour) = (a.json, std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let mut events = trace.as_ref().map(Trace::events).transpose()?;
     let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
@@ -73,7 +73,7 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
 /// The tools `run` offers: the built-ins `--builtin` selects, then those of each tools file.
 fn run_tools(a: &RunArgs) -> Result<Vec<Arc<dyn Tool>>> {
     let mut tools = builtin_tools(&BuiltinOptions {
-        root: a.root.clone(),
+        root: a.agent.root.clone(),
         allow_write: a.allow_write,
         read_hard_links: a.read_hard_links,
         ..Default::default()
@@ -85,7 +85,7 @@ fn run_tools(a: &RunArgs) -> Result<Vec<Arc<dyn Tool>>> {
         }
         tools.retain(|t| a.builtin.contains(&t.spec().name));
     }
-    add_file_and_mcp_tools(&mut tools, &a.tools, &a.mcp)?;
+    add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
     Ok(tools)
 }
 
@@ -135,11 +135,11 @@ fn run_config(a: &RunArgs) -> Result<AgentConfig> {
     let tool_timeout =
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
     Ok(AgentConfig {
-        tool_choice: a.tool_choice.parse()?,
-        max_steps: a.max_steps,
-        max_retries: a.max_retries,
+        tool_choice: a.agent.tool_choice.parse()?,
+        max_steps: a.agent.max_steps,
+        max_retries: a.agent.max_retries,
         decision: reagent::DecisionOptions {
-            parallel_calls: a.parallel_calls,
+            parallel_calls: a.agent.parallel_calls,
             max_thought_chars: a.max_thought_chars,
             max_string_chars: a.max_string_chars,
             ..Default::default()
@@ -189,15 +189,15 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     let done: std::collections::HashSet<String> = previous.iter().map(|r| r.id.clone()).collect();
     let todo: Vec<_> = tasks.into_iter().filter(|t| !done.contains(&t.id)).collect();
     // Loaded in dry runs too: a task's `tools` are offered (not run) under their own descriptions.
-    let mut tools = builtin_tools(&BuiltinOptions { root: a.root.clone(), ..Default::default() })?;
-    add_file_and_mcp_tools(&mut tools, &a.tools, &a.mcp)?;
+    let mut tools = builtin_tools(&BuiltinOptions { root: a.agent.root.clone(), ..Default::default() })?;
+    add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
     let mut out = open_results(&a.out, &a.tasks, a.resume)?;
     let model = load(&a.model)?;
-    let driver: Box<dyn Driver> = match a.no_grammar {
+    let driver: Box<dyn Driver> = match a.agent.no_grammar {
         true => Box::new(ModelDriver::free_form(model, Sampling::Greedy, 0)),
         false => Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?),
     };
-    let settings = a.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
+    let settings = a.agent.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
     eprintln!("decisions: {settings}");
     settings.apply(&mut opts.agent);
     let total = opts.limit.map_or(todo.len(), |l| l.min(todo.len()));
@@ -250,10 +250,10 @@ fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
         limit: a.limit,
         reuse_across_tasks: a.reuse_across_tasks,
         agent: AgentConfig {
-            tool_choice: a.tool_choice.parse()?,
-            max_steps: a.max_steps,
-            max_retries: a.max_retries,
-            decision: reagent::DecisionOptions { parallel_calls: a.parallel_calls, ..Default::default() },
+            tool_choice: a.agent.tool_choice.parse()?,
+            max_steps: a.agent.max_steps,
+            max_retries: a.agent.max_retries,
+            decision: reagent::DecisionOptions { parallel_calls: a.agent.parallel_calls, ..Default::default() },
             first_decision_calls: a.first_call,
             call_after_error: a.first_call,
             ..AgentConfig::default()

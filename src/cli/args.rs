@@ -54,34 +54,11 @@ pub(crate) struct EvalArgs {
     /// Skip the tasks whose ids are already in --out.
     #[arg(long)]
     pub(crate) resume: bool,
-    /// auto, required, none, or a tool name.
-    #[arg(long, default_value = "auto")]
-    pub(crate) tool_choice: String,
-    /// Allow up to N tool calls in one decision.
-    #[arg(long)]
-    pub(crate) parallel_calls: Option<usize>,
-    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
-    #[arg(long)]
-    pub(crate) no_grammar: bool,
-    #[arg(long, default_value_t = reagent::AgentConfig::default().max_steps)]
-    pub(crate) max_steps: usize,
-    #[arg(long, default_value_t = reagent::AgentConfig::default().max_retries)]
-    pub(crate) max_retries: usize,
     /// Write the summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) summary_json: Option<PathBuf>,
     #[command(flatten)]
-    pub(crate) decision: DecisionArgs,
-    /// Tools file(s) implementing task functions (without --dry-run).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) tools: Vec<PathBuf>,
-    /// An MCP server to take tools from, as a command line (repeatable): `--mcp 'npx -y
-    /// @modelcontextprotocol/server-filesystem DIR'`. Tools files take `[[mcp]]` entries too.
-    #[arg(long, value_name = "COMMAND")]
-    pub(crate) mcp: Vec<String>,
-    /// Root of the built-in file tools (without --dry-run).
-    #[arg(long, default_value = ".")]
-    pub(crate) root: PathBuf,
+    pub(crate) agent: AgentArgs,
     /// Under `--tool-choice auto`, the first decision must call a tool, and so must the decision after a
     /// failed call (as in `reagent run` without --allow-direct-answer).
     #[arg(long)]
@@ -98,16 +75,6 @@ pub(crate) struct RunArgs {
     pub(crate) task: String,
     #[command(flatten)]
     pub(crate) model: ModelArgs,
-    /// A tools file (TOML or JSON) mapping tools to external programs or MCP servers (repeatable).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) tools: Vec<PathBuf>,
-    /// An MCP server to take tools from, as a command line (repeatable): `--mcp 'npx -y
-    /// @modelcontextprotocol/server-filesystem DIR'`. Tools files take `[[mcp]]` entries too.
-    #[arg(long, value_name = "COMMAND")]
-    pub(crate) mcp: Vec<String>,
-    /// The directory read_file / list_dir / write_file are confined to.
-    #[arg(long, default_value = ".")]
-    pub(crate) root: PathBuf,
     /// Offer the write_file tool.
     #[arg(long)]
     pub(crate) allow_write: bool,
@@ -118,24 +85,11 @@ pub(crate) struct RunArgs {
     /// and write_file with --allow-write). `--builtin none` offers none.
     #[arg(long, value_name = "NAME")]
     pub(crate) builtin: Vec<String>,
-    /// auto, required, none, or a tool name.
-    #[arg(long, default_value = "auto")]
-    pub(crate) tool_choice: String,
-    #[arg(long, default_value_t = reagent::AgentConfig::default().max_steps)]
-    pub(crate) max_steps: usize,
-    #[arg(long, default_value_t = reagent::AgentConfig::default().max_retries)]
-    pub(crate) max_retries: usize,
-    /// Allow up to N tool calls in one decision.
-    #[arg(long)]
-    pub(crate) parallel_calls: Option<usize>,
-    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
-    #[arg(long)]
-    pub(crate) no_grammar: bool,
+    #[command(flatten)]
+    pub(crate) agent: AgentArgs,
     /// Ask before each tool call.
     #[arg(long)]
     pub(crate) confirm: bool,
-    #[command(flatten)]
-    pub(crate) decision: DecisionArgs,
     /// Print the events as JSON lines instead of the readable display.
     #[arg(long)]
     pub(crate) json: bool,
@@ -167,6 +121,37 @@ pub(crate) struct RunArgs {
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
     #[arg(long)]
     pub(crate) no_prefix_reuse: bool,
+}
+
+/// The agent flags `run` and `eval` share.
+#[derive(Args)]
+pub(crate) struct AgentArgs {
+    /// A tools file (TOML or JSON) mapping tools to external programs or MCP servers (repeatable); in an
+    /// eval, what implements the task functions (without --dry-run).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) tools: Vec<PathBuf>,
+    /// An MCP server to take tools from, as a command line (repeatable): `--mcp 'npx -y
+    /// @modelcontextprotocol/server-filesystem DIR'`. Tools files take `[[mcp]]` entries too.
+    #[arg(long, value_name = "COMMAND")]
+    pub(crate) mcp: Vec<String>,
+    /// The directory the built-in file tools (read_file / list_dir / write_file) are confined to.
+    #[arg(long, default_value = ".")]
+    pub(crate) root: PathBuf,
+    /// auto, required, none, or a tool name.
+    #[arg(long, default_value = "auto")]
+    pub(crate) tool_choice: String,
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_steps)]
+    pub(crate) max_steps: usize,
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_retries)]
+    pub(crate) max_retries: usize,
+    /// Allow up to N tool calls in one decision.
+    #[arg(long)]
+    pub(crate) parallel_calls: Option<usize>,
+    /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
+    #[arg(long)]
+    pub(crate) no_grammar: bool,
+    #[command(flatten)]
+    pub(crate) decision: DecisionArgs,
 }
 
 #[derive(Subcommand)]

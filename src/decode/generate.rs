@@ -165,35 +165,20 @@ pub fn generate_continuing(
     let mut logits = prefill(model, &prompt[start..], start)?;
     let prefill_time = t0.elapsed();
     let mut sampler = Sampler::new(params.sampling, params.seed);
-    let mut out = TextOut::new(params);
-    let mut tokens = Vec::new();
+    let mut run =
+        Decoding { params, prompt_len: prompt.len(), capacity, tokens: Vec::new(), out: TextOut::new(params) };
     let t1 = Instant::now();
     let stop = loop {
-        if tokens.len() >= params.max_tokens {
-            break FinishReason::MaxTokens;
-        }
-        if crate::limits::interrupted() {
-            break FinishReason::Interrupted;
+        if let Some(s) = run.limit_reached() {
+            break s;
         }
         if let Some(c) = constraint.as_deref_mut() {
-            let mut forced = c.forced_tokens()?;
+            let forced = c.forced_tokens()?;
             if !forced.is_empty() {
-                forced.truncate(params.max_tokens - tokens.len());
-                if prompt.len() + tokens.len() + forced.len() > capacity {
-                    break FinishReason::ContextFull;
+                match run.force(model, tok, forced, on_text)? {
+                    Ok(next_logits) => logits = next_logits,
+                    Err(s) => break s,
                 }
-                let pos = prompt.len() + tokens.len();
-                for &t in &forced {
-                    tokens.push(t);
-                    out.push(tok, t, on_text);
-                }
-                if let Some(s) = out.check_stop(on_text) {
-                    break s;
-                }
-                if tokens.len() >= params.max_tokens {
-                    break FinishReason::MaxTokens;
-                }
-                logits = model.forward(&forced, pos)?;
                 continue;
             }
             if c.is_finished() {
@@ -213,19 +198,12 @@ pub fn generate_continuing(
         if !params.ignore_eos && stop_tokens.contains(&next) {
             break FinishReason::StopToken { token: next };
         }
-        tokens.push(next);
-        out.push(tok, next, on_text);
-        if let Some(s) = out.check_stop(on_text) {
+        if let Some(s) = run.accept(tok, next, on_text) {
             break s;
         }
-        if prompt.len() + tokens.len() >= capacity {
-            break FinishReason::ContextFull;
-        }
-        if tokens.len() >= params.max_tokens {
-            break FinishReason::MaxTokens;
-        }
-        logits = model.forward(&[next], prompt.len() + tokens.len() - 1)?;
+        logits = model.forward(&[next], run.pos() - 1)?;
     };
+    let Decoding { tokens, out, .. } = run;
     let decode_time = t1.elapsed();
     let text = out.finish(&stop, on_text);
     let stats = GenerationStats {
@@ -239,6 +217,70 @@ pub fn generate_continuing(
 }
 
 /// Streams generated text: complete UTF-8 only, holding back any tail that could start a stop string.
+/// The decode loop's state: the tokens so far, their text, and the limits that end it.
+struct Decoding<'a> {
+    params: &'a GenerateParams,
+    prompt_len: usize,
+    capacity: usize,
+    tokens: Vec<u32>,
+    out: TextOut<'a>,
+}
+
+impl Decoding<'_> {
+    /// The position of the next token.
+    fn pos(&self) -> usize {
+        self.prompt_len + self.tokens.len()
+    }
+
+    /// The token budget spent, or an interrupt.
+    fn limit_reached(&self) -> Option<FinishReason> {
+        if self.tokens.len() >= self.params.max_tokens {
+            return Some(FinishReason::MaxTokens);
+        }
+        crate::limits::interrupted().then_some(FinishReason::Interrupted)
+    }
+
+    /// Appends the tokens the grammar forces (as many as the budget allows) and runs them through the
+    /// model in one batch: the logits after them, or why the generation ends.
+    fn force(
+        &mut self,
+        model: &mut dyn LanguageModel,
+        tok: &Tokenizer,
+        mut forced: Vec<u32>,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<std::result::Result<Vec<f32>, FinishReason>> {
+        forced.truncate(self.params.max_tokens - self.tokens.len());
+        if self.pos() + forced.len() > self.capacity {
+            return Ok(Err(FinishReason::ContextFull));
+        }
+        let pos = self.pos();
+        for &t in &forced {
+            self.tokens.push(t);
+            self.out.push(tok, t, on_text);
+        }
+        if let Some(s) = self.out.check_stop(on_text) {
+            return Ok(Err(s));
+        }
+        if self.tokens.len() >= self.params.max_tokens {
+            return Ok(Err(FinishReason::MaxTokens));
+        }
+        Ok(Ok(model.forward(&forced, pos)?))
+    }
+
+    /// Appends a sampled token: why the generation ends after it, if it does.
+    fn accept(&mut self, tok: &Tokenizer, next: u32, on_text: &mut dyn FnMut(&str)) -> Option<FinishReason> {
+        self.tokens.push(next);
+        self.out.push(tok, next, on_text);
+        if let Some(s) = self.out.check_stop(on_text) {
+            return Some(s);
+        }
+        if self.pos() >= self.capacity {
+            return Some(FinishReason::ContextFull);
+        }
+        (self.tokens.len() >= self.params.max_tokens).then_some(FinishReason::MaxTokens)
+    }
+}
+
 struct TextOut<'a> {
     stream: StreamDecoder,
     text: String,
