@@ -420,41 +420,46 @@ pub fn decision_instructions(tools: &[ToolSpec], choice: &ToolChoice, opts: &Dec
     }
     s.push_str("Never repeat a call you already made: use its observation. As soon as the observations answer the task, give the final answer.\n");
     if *choice != ToolChoice::None && !tools.is_empty() {
-        // A concrete exchange with a made-up tool: small models copy placeholders literally, and they
-        // need to see the answer being taken from the observation. The made-up tool is used rather than
-        // one of the listed ones: an example call to a real tool gets copied into unrelated tasks.
-        let parallel = opts.parallel_calls.is_some_and(|n| n > 1);
+        s.push_str(&example_exchange(choice, opts.parallel_calls.is_some_and(|n| n > 1)));
+    }
+    s
+}
+
+/// A concrete exchange with a made-up tool: small models copy placeholders literally, and they need to see
+/// the answer being taken from the observation. The made-up tool is used rather than one of the listed
+/// ones: an example call to a real tool gets copied into unrelated tasks.
+fn example_exchange(choice: &ToolChoice, parallel: bool) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "\nExample of a whole exchange, with a made-up tool `lookup_notes` (use only the tools listed above):\n",
+    );
+    if parallel {
         s.push_str(
-            "\nExample of a whole exchange, with a made-up tool `lookup_notes` (use only the tools listed above):\n",
+            "User: When are the dentist and the vet appointments?\n\
+             You: {\"thought\":\"Two independent lookups: I make both calls at once.\",\"type\":\"call_tools\",\
+             \"calls\":[{\"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}},\
+             {\"tool\":\"lookup_notes\",\"args\":{\"query\":\"vet\"}}]}\n\
+             User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm\n\
+             lookup_notes {\"query\":\"vet\"} returned: vet: Monday 9 am\n",
         );
-        if parallel {
+        if matches!(choice, ToolChoice::Auto) {
             s.push_str(
-                "User: When are the dentist and the vet appointments?\n\
-                 You: {\"thought\":\"Two independent lookups: I make both calls at once.\",\"type\":\"call_tools\",\
-                 \"calls\":[{\"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}},\
-                 {\"tool\":\"lookup_notes\",\"args\":{\"query\":\"vet\"}}]}\n\
-                 User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm\n\
-                 lookup_notes {\"query\":\"vet\"} returned: vet: Monday 9 am\n",
+                "You: {\"thought\":\"The notes give both times.\",\"type\":\"final_answer\",\
+                 \"answer\":\"Dentist: Friday at 3 pm; vet: Monday at 9 am\"}\n",
             );
-            if matches!(choice, ToolChoice::Auto) {
-                s.push_str(
-                    "You: {\"thought\":\"The notes give both times.\",\"type\":\"final_answer\",\
-                     \"answer\":\"Dentist: Friday at 3 pm; vet: Monday at 9 am\"}\n",
-                );
-            }
-        } else {
+        }
+    } else {
+        s.push_str(
+            "User: When is the dentist appointment?\n\
+             You: {\"thought\":\"The notes may say when the appointment is.\",\"type\":\"call_tool\",\
+             \"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}}\n\
+             User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm; bring the card\n",
+        );
+        if matches!(choice, ToolChoice::Auto) {
             s.push_str(
-                "User: When is the dentist appointment?\n\
-                 You: {\"thought\":\"The notes may say when the appointment is.\",\"type\":\"call_tool\",\
-                 \"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}}\n\
-                 User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm; bring the card\n",
+                "You: {\"thought\":\"The notes say the appointment is Friday at 3 pm.\",\"type\":\"final_answer\",\
+                 \"answer\":\"Friday at 3 pm\"}\n",
             );
-            if matches!(choice, ToolChoice::Auto) {
-                s.push_str(
-                    "You: {\"thought\":\"The notes say the appointment is Friday at 3 pm.\",\"type\":\"final_answer\",\
-                     \"answer\":\"Friday at 3 pm\"}\n",
-                );
-            }
         }
     }
     s
