@@ -62,6 +62,9 @@ pub struct DecisionDefaults {
     pub close_bias: f32,
     /// See [`crate::agent::AgentConfig::abstain_below`].
     pub abstain_below: Option<f32>,
+    /// See [`crate::agent::AgentConfig::propose_more_calls`].
+    #[serde(default)]
+    pub propose_more_calls: bool,
 }
 
 /// The model catalog.

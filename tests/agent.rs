@@ -408,6 +408,53 @@ fn native_decisions_run_through_the_same_loop() {
     assert!(last[1].content.starts_with("<tool_call>"), "the assistant turn keeps the model's syntax");
 }
 
+/// Proposed calls: after a native decision's calls the driver continues the reply with one more call, kept
+/// while it is a new item of the request (new values, all from the user's words) and up to the parallel
+/// limit; the first proposal that is not (a repeat, a made-up value) ends the decision, which then runs
+/// with the calls kept and keeps them in the conversation.
+#[test]
+fn proposed_calls_are_kept_only_when_the_request_asks_for_them() {
+    let native_call = |e: &str| {
+        format!("<tool_call>\n{{\"name\": \"calc\", \"arguments\": {{\"expression\": \"{e}\"}}}}\n</tool_call>")
+    };
+    let more = |e: &str| ScriptItem::More(format!("\n{}", native_call(e)));
+    let config = AgentConfig {
+        format: reagent::agent::DecisionFormat::Native,
+        decision: reagent::DecisionOptions { parallel_calls: Some(3), ..Default::default() },
+        propose_more_calls: true,
+        ..AgentConfig::default()
+    };
+    let run = |script: Vec<ScriptItem>, config: AgentConfig| {
+        let driver = ScriptedDriver::new(script);
+        let log = driver.log();
+        let mut a = Agent::builder().driver(driver).tool(calc()).config(config).build().unwrap();
+        let t = a.run("Add 2+3 and 4+5 and 6+7").unwrap();
+        let calls: Vec<String> =
+            t.steps[0].calls.iter().map(|c| c.call.args["expression"].as_str().unwrap().to_string()).collect();
+        let seen = log.lock().unwrap().last().unwrap().clone();
+        (t, calls, seen)
+    };
+    // Two grounded proposals, up to the limit of three calls.
+    let script = vec![native_call("2+3").into(), more("4+5"), more("6+7"), "5, 9 and 13".into()];
+    let (t, calls, seen) = run(script, config.clone());
+    assert_eq!(calls, ["2+3", "4+5", "6+7"]);
+    assert_eq!(t.final_answer.as_deref(), Some("5, 9 and 13"));
+    let kept = &seen.iter().find(|m| m.role == reagent::Role::Assistant).unwrap().content;
+    assert_eq!(kept.matches("<tool_call>").count(), 3, "the conversation keeps the proposed calls: {kept}");
+    // A made-up value ends the proposals; what follows is the next decision.
+    let script = vec![native_call("2+3").into(), more("8+8"), "5".into()];
+    let (_, calls, _) = run(script, config.clone());
+    assert_eq!(calls, ["2+3"]);
+    // A repeat is no new item either.
+    let script = vec![native_call("2+3").into(), more("2+3"), "5".into()];
+    let (_, calls, _) = run(script, config.clone());
+    assert_eq!(calls, ["2+3"]);
+    // Off: no proposal is asked for (the scripted continuation is skipped).
+    let script = vec![native_call("2+3").into(), more("4+5"), "5".into()];
+    let (_, calls, _) = run(script, AgentConfig { propose_more_calls: false, ..config });
+    assert_eq!(calls, ["2+3"]);
+}
+
 /// Abstention by grounding: under `auto`, a first call made of values the user never wrote is dropped and
 /// the model asked again for an answer; a grounded call, a later step's call, or a run without a
 /// threshold keep their calls. The grounding is recorded either way.

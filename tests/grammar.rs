@@ -288,6 +288,21 @@ fn native(choice: ToolChoice, opts: DecisionOptions) -> Grammar {
     Grammar::Lark(reagent::agent::native::native_grammar(&tools(), &choice, &opts).unwrap())
 }
 
+/// The grammar of a proposed call: a separator, then exactly one call by the tools' schemas, nothing else.
+#[test]
+fn the_extension_grammar_is_one_more_call() {
+    let opts = DecisionOptions { parallel_calls: Some(3), ..DecisionOptions::default() };
+    let g =
+        Grammar::Lark(reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::Auto, &opts).unwrap());
+    check_table(
+        g,
+        &[&format!("\n{N_CALC}"), &format!("\n\n{N_WEATHER}")],
+        &[N_CALC, &format!("\n{N_CALC}\n{N_CALC}"), &format!("\n{N_ANSWER}"), "\n", &format!("\n{N_CALC} and")],
+    );
+    let none = reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::None, &opts);
+    assert!(none.is_err(), "no call to propose under `none`");
+}
+
 #[test]
 fn native_grammar_ties_arguments_to_the_named_tool() {
     let two = format!("{N_CALC}\n{N_WEATHER}");

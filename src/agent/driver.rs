@@ -51,6 +51,12 @@ pub trait Driver: Send {
     fn name(&self) -> &'static str;
     /// Generates the next decision's text.
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput>;
+    /// Continues the last decision, from where it ended, under `req.grammar` (one more call: see
+    /// [`native_extension_grammar`](super::native::native_extension_grammar)); the continuation's text.
+    /// `None` when the driver cannot (the default; a scripted driver replays [`ScriptItem::More`]).
+    fn extend(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
+        Ok(None)
+    }
     /// Forgets the last decision's tokens (after a failed attempt), so the retry starts from its prompt.
     fn rollback(&mut self) {}
     /// The chat role observations are sent with: `tool` where the model's template has a tool turn
@@ -247,6 +253,54 @@ impl Driver for ModelDriver {
         Ok(DriverOutput { text: g.text, complete, stats })
     }
 
+    fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
+        let Some(engine) = self.engine.clone() else { return Ok(None) };
+        if self.cached.len() <= self.prompt_len || self.model.cache_len() < self.cached.len() {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        // The last prompt and decision are in the KV cache: only the last token is run again.
+        let prompt = std::mem::take(&mut self.cached);
+        let mut constraint = engine.constraint(req.grammar)?.with_branches(self.branches(req));
+        let params = GenerateParams {
+            max_tokens: req.max_tokens,
+            sampling: self.sampling,
+            seed: self.seed,
+            ..Default::default()
+        };
+        let tok = self.model.tokenizer().clone();
+        let stops = self.model.stop_tokens().to_vec();
+        let generated = generate_continuing(
+            &mut self.model,
+            &tok,
+            &stops,
+            Prompt { tokens: &prompt, cached: prompt.len() },
+            &params,
+            Some(&mut constraint),
+            &mut |_| {},
+        );
+        let in_cache = self.model.cache_len();
+        let g = match generated {
+            Ok(g) => g,
+            Err(e) => {
+                self.cached = prompt.into_iter().take(in_cache).collect();
+                return Err(e);
+            }
+        };
+        // The seed is left as it was: a proposal does not change what later decisions sample.
+        self.cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
+        let complete = constraint.is_finished() || g.stop == FinishReason::GrammarComplete;
+        let stats = DecisionStats {
+            prompt_tokens: 0,
+            reused_tokens: g.stats.cached_tokens,
+            generated_tokens: g.tokens.len(),
+            forced_tokens: constraint.stats().forced_tokens,
+            seconds: t.elapsed().as_secs_f64(),
+            branch_margins: Vec::new(),
+        };
+        Ok(Some(DriverOutput { text: g.text, complete, stats }))
+    }
+
     fn observation_role(&self) -> Role {
         let src = self.model.chat_template().source();
         if src.contains("\"tool\"") || src.contains("'tool'") {
@@ -278,6 +332,9 @@ pub enum ScriptItem {
     Reply(String),
     /// A reply cut off before it was complete (as by a token limit).
     CutOff(String),
+    /// The continuation of the decision before it, when the agent proposes one more call
+    /// ([`Driver::extend`]); it is not a decision of its own.
+    More(String),
 }
 
 impl<S: Into<String>> From<S> for ScriptItem {
@@ -320,14 +377,25 @@ impl Driver for ScriptedDriver {
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).push(req.messages.to_vec());
+        // Continuations the agent did not ask for are skipped.
+        while matches!(self.items.front(), Some(ScriptItem::More(_))) {
+            self.items.pop_front();
+        }
         let item = self.items.pop_front().ok_or_else(|| Error::param("scripted driver", "no decisions left"))?;
         let (text, complete) = match item {
-            ScriptItem::Reply(t) => (t, true),
+            ScriptItem::Reply(t) | ScriptItem::More(t) => (t, true),
             ScriptItem::CutOff(t) => (t, false),
         };
         let prompt_tokens = req.messages.iter().map(|m| m.content.len()).sum();
         let stats = DecisionStats { prompt_tokens, generated_tokens: text.len(), ..DecisionStats::default() };
         Ok(DriverOutput { text, complete, stats })
+    }
+
+    fn extend(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
+        let Some(ScriptItem::More(text)) = self.items.front().cloned() else { return Ok(None) };
+        self.items.pop_front();
+        let stats = DecisionStats { generated_tokens: text.len(), ..DecisionStats::default() };
+        Ok(Some(DriverOutput { text, complete: true, stats }))
     }
 
     fn measure(&mut self, messages: &[ChatMessage], _tools: Option<&Value>) -> Result<Option<(usize, usize)>> {

@@ -62,6 +62,124 @@ fn leaf_scores(v: &Value, text: &str, known: &HashSet<&str>, out: &mut Vec<f32>)
     }
 }
 
+/// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
+/// for: not a repeat; it brings at least one value no earlier call used, and every such value occurs in
+/// the user and tool turns (numbers also as written with thousands separators or as a percentage); and
+/// against each earlier call of the same tool it changes an argument both give (not a refinement that only
+/// adds arguments), without replacing a value that was itself made up (a correction, not a new item).
+///
+/// Small models stop after the first of several requested calls ("weather in New York, Los Angeles, London
+/// and Tokyo" → one call); proposing one more and keeping it only when it passes this test recovers the
+/// others without adding calls the request does not support.
+pub fn is_new_requested_item(call: &ToolCall, earlier: &[ToolCall], conversation: &[ChatMessage]) -> bool {
+    if earlier.iter().any(|e| e == call) {
+        return false;
+    }
+    let evidence = Evidence::of(conversation);
+    let used: HashSet<String> = earlier.iter().flat_map(|e| leaves(&e.args)).flat_map(|l| leaf_words(&l)).collect();
+    let new: Vec<Value> = leaves(&call.args)
+        .into_iter()
+        .filter(|l| {
+            let ws = leaf_words(l);
+            !ws.is_empty() && !ws.iter().all(|w| used.contains(w))
+        })
+        .collect();
+    if new.is_empty() || !new.iter().all(|l| evidence.grounds(l)) {
+        return false;
+    }
+    earlier.iter().filter(|e| e.tool == call.tool).all(|e| {
+        let (Some(before), Some(now)) = (e.args.as_object(), call.args.as_object()) else { return false };
+        let changed: Vec<&Value> =
+            before.iter().filter(|(k, v)| now.get(*k).is_some_and(|n| n != *v)).map(|(_, v)| v).collect();
+        !changed.is_empty() && changed.iter().all(|v| leaves(v).iter().all(|l| evidence.grounds(l)))
+    })
+}
+
+/// What the user and tool turns say: their words, and the numbers they write.
+struct Evidence {
+    text: String,
+    numbers: Vec<f64>,
+}
+
+impl Evidence {
+    fn of(conversation: &[ChatMessage]) -> Self {
+        let text: String = conversation
+            .iter()
+            .filter(|m| matches!(m.role, Role::User | Role::Tool))
+            .map(|m| m.content.to_lowercase())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let numbers = written_numbers(&text);
+        Self { text, numbers }
+    }
+
+    /// Whether every word of a leaf value occurs in the text (a number also when it equals one written
+    /// there).
+    fn grounds(&self, leaf: &Value) -> bool {
+        if let Some(x) = leaf.as_f64() {
+            if self.numbers.iter().any(|&n| (x - n).abs() <= 1e-9 * n.abs().max(1.0)) {
+                return true;
+            }
+        }
+        let known: HashSet<&str> = words(&self.text).collect();
+        leaf_words(leaf).iter().all(|w| known.contains(w.as_str()) || (!w.is_ascii() && self.text.contains(w.as_str())))
+    }
+}
+
+/// The numbers written in `text`, with thousands separators (`1,000,000`) and decimals; a percentage
+/// also as its fraction (`5%` is 5 and 0.05).
+fn written_numbers(text: &str) -> Vec<f64> {
+    let mut out = Vec::new();
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_digit() || (i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.')) {
+            i += 1;
+            continue;
+        }
+        let mut digits = String::new();
+        while i < b.len() {
+            match b[i] {
+                c if c.is_ascii_digit() => digits.push(c as char),
+                // A thousands separator: a comma before exactly three digits.
+                b',' if b.len() > i + 3
+                    && b[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+                    && b.get(i + 4).is_none_or(|c| !c.is_ascii_digit()) => {}
+                b'.' if b.get(i + 1).is_some_and(u8::is_ascii_digit) && !digits.contains('.') => digits.push('.'),
+                _ => break,
+            }
+            i += 1;
+        }
+        if let Ok(x) = digits.parse::<f64>() {
+            out.push(x);
+            if text[i..].trim_start().starts_with('%') || text[i..].trim_start().starts_with("percent") {
+                out.push(x / 100.0);
+            }
+        }
+    }
+    out
+}
+
+/// The scalar values inside `v` (strings and numbers; booleans and nulls carry no evidence).
+fn leaves(v: &Value) -> Vec<Value> {
+    match v {
+        Value::Object(m) => m.values().flat_map(leaves).collect(),
+        Value::Array(a) => a.iter().flat_map(leaves).collect(),
+        Value::Null | Value::Bool(_) => Vec::new(),
+        Value::String(s) if s.is_empty() => Vec::new(),
+        other => vec![other.clone()],
+    }
+}
+
+/// The words of a scalar value, lower-cased.
+fn leaf_words(v: &Value) -> Vec<String> {
+    let s = match v {
+        Value::String(s) => s.to_lowercase(),
+        other => other.to_string(),
+    };
+    words(&s).map(str::to_string).collect()
+}
+
 /// Runs of letters and runs of digits: `10m` is `10` and `m`, so a value of 10 is found in "10m".
 fn words(s: &str) -> impl Iterator<Item = &str> {
     #[derive(PartialEq, Clone, Copy)]
@@ -126,6 +244,30 @@ mod tests {
         assert_eq!(grounding(&call(json!({"a": 41, "b": 0.5})), &conv), Some(1.0));
         // 0.05 is not 0.5: "05" is not a word of the conversation.
         assert_eq!(grounding(&call(json!({"b": 0.05})), &conv), Some(0.5));
+    }
+
+    #[test]
+    fn a_proposed_call_is_kept_only_as_a_new_requested_item() {
+        let conv = [ChatMessage::user(
+            "Weather in New York, Los Angeles and Tokyo? Also a loan of $1,500,000 at 5%. Book near Manhattan.",
+        )];
+        let c = |tool: &str, args: Value| ToolCall { tool: tool.into(), args };
+        let ny = c("weather", json!({"city": "New York", "units": "metric"}));
+        let new = |call: &ToolCall, earlier: &[ToolCall]| is_new_requested_item(call, earlier, &conv);
+        let after_ny = std::slice::from_ref(&ny);
+        // Another city of the list: a new item.
+        assert!(new(&c("weather", json!({"city": "Los Angeles", "units": "metric"})), after_ny));
+        // A repeat, a made-up city, a refinement that only adds an argument: not new items.
+        assert!(!new(&ny, after_ny));
+        assert!(!new(&c("weather", json!({"city": "Paris", "units": "metric"})), after_ny));
+        assert!(!new(&c("weather", json!({"city": "New York", "units": "metric", "days": 3})), after_ny));
+        // Replacing a value the model made up is a correction, not a second item.
+        let made_up = c("hotel", json!({"near": "Times Square"}));
+        assert!(!new(&c("hotel", json!({"near": "Manhattan"})), &[made_up]));
+        // Numbers count as written: separators and percentages.
+        assert!(new(&c("loan", json!({"amount": 1_500_000, "rate": 0.05})), after_ny));
+        assert!(!new(&c("loan", json!({"amount": 1_400_000, "rate": 0.05})), &[ny]));
+        assert_eq!(written_numbers("pay $1,500,000 at 5% for 10.5 years, id b12"), [1_500_000.0, 5.0, 0.05, 10.5]);
     }
 
     #[test]

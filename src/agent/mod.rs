@@ -79,6 +79,11 @@ pub struct AgentConfig {
     /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
     /// it made up; this makes "no tool fits" a calibrated choice. `None`: calls are kept as decided.
     pub abstain_below: Option<f32>,
+    /// Native format with `decision.parallel_calls` above 1: after a decision's calls, propose one more
+    /// (the model continues its reply under a one-call grammar) and keep it when it is a new item the
+    /// request asked for ([`is_new_requested_item`](grounding::is_new_requested_item)); repeat up to the
+    /// limit. Small models stop after the first of several requested calls.
+    pub propose_more_calls: bool,
 }
 
 impl Default for AgentConfig {
@@ -98,6 +103,7 @@ impl Default for AgentConfig {
             first_decision_calls: false,
             call_after_error: false,
             abstain_below: None,
+            propose_more_calls: false,
         }
     }
 }

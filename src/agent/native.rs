@@ -20,7 +20,7 @@
 use serde_json::{json, Value};
 
 use super::decision::{hoisted_args, Decision, DecisionOptions, ToolChoice};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::text::tokenizer::Tokenizer;
 use crate::tools::{ToolCall, ToolSpec};
 
@@ -102,37 +102,12 @@ pub fn tools_value(tools: &[ToolSpec]) -> Value {
 /// The Lark grammar of one native decision under `choice`: one call (or up to `parallel_calls`), or a plain
 /// answer of at most `max_answer_tokens` tokens that does not start like a call (`<`, a fence, `{`).
 pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
-    let callable: Vec<&ToolSpec> = match choice {
-        ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
-        ToolChoice::None => Vec::new(),
-        ToolChoice::Specific(name) => tools.iter().filter(|t| &t.name == name).collect(),
-    };
+    let callable = callable(tools, choice);
     let answer = matches!(choice, ToolChoice::Auto | ToolChoice::None) || callable.is_empty();
     let mut g = String::new();
     let mut start = Vec::new();
     if !callable.is_empty() {
         start.push("calls");
-        // The separators are those of Python's json.dumps, which the template uses when it renders the
-        // calls of earlier turns: the generated text and its re-rendering then tokenize alike.
-        let mut defs = serde_json::Map::new();
-        let alternatives: Vec<Value> = callable
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": hoisted_args(t, opts, &mut defs)},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false
-                })
-            })
-            .collect();
-        let mut schema = json!({
-            "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
-            "anyOf": alternatives
-        });
-        if !defs.is_empty() {
-            schema["$defs"] = Value::Object(defs);
-        }
         let max_calls = opts.parallel_calls.unwrap_or(1).max(1);
         // calls: call, then up to max_calls - 1 more, each after a newline (a chain of optional rules:
         // Lark ranges do not apply to rules here).
@@ -149,9 +124,7 @@ pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOp
             }
             g.push('\n');
         }
-        g.push_str(&format!("call: {CALL_OPEN} \"\\n\" call_json \"\\n\" {CALL_CLOSE} | fenced\n"));
-        g.push_str(&format!("fenced: {:?} call_json {:?}\n", FENCE_OPEN, FENCE_CLOSE));
-        g.push_str(&format!("call_json: %json {}\n", serde_json::to_string(&schema)?));
+        g.push_str(&call_rules(&callable, opts)?);
     }
     if answer {
         start.push("answer");
@@ -160,6 +133,56 @@ pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOp
         g.push_str("ANSWER: /[^<`{\\s](?s:.)*/\n");
     }
     Ok(format!("start: {}\n{g}", start.join(" | ")))
+}
+
+/// The grammar of one more call after a native decision's calls (the separator, then one call to a tool
+/// `choice` allows), for proposing a call the model did not make (see
+/// [`is_new_requested_item`](super::grounding::is_new_requested_item)).
+pub fn native_extension_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
+    let callable = callable(tools, choice);
+    if callable.is_empty() {
+        return Err(Error::param("tool choice", "it allows no call to extend a decision with"));
+    }
+    Ok(format!("start: SEP call\nSEP: /\\n\\n?/\n{}", call_rules(&callable, opts)?))
+}
+
+/// The tools `choice` lets a decision call.
+fn callable<'a>(tools: &'a [ToolSpec], choice: &ToolChoice) -> Vec<&'a ToolSpec> {
+    match choice {
+        ToolChoice::Auto | ToolChoice::Required => tools.iter().collect(),
+        ToolChoice::None => Vec::new(),
+        ToolChoice::Specific(name) => tools.iter().filter(|t| &t.name == name).collect(),
+    }
+}
+
+/// The rules of one call (`call`, its fenced form and its JSON): an object naming one of `callable` with
+/// arguments by that tool's schema.
+fn call_rules(callable: &[&ToolSpec], opts: &DecisionOptions) -> Result<String> {
+    // The separators are those of Python's json.dumps, which the template uses when it renders the
+    // calls of earlier turns: the generated text and its re-rendering then tokenize alike.
+    let mut defs = serde_json::Map::new();
+    let alternatives: Vec<Value> = callable
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": hoisted_args(t, opts, &mut defs)},
+                "required": ["name", "arguments"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    let mut schema = json!({
+        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
+        "anyOf": alternatives
+    });
+    if !defs.is_empty() {
+        schema["$defs"] = Value::Object(defs);
+    }
+    let mut g = format!("call: {CALL_OPEN} \"\\n\" call_json \"\\n\" {CALL_CLOSE} | fenced\n");
+    g.push_str(&format!("fenced: {:?} call_json {:?}\n", FENCE_OPEN, FENCE_CLOSE));
+    g.push_str(&format!("call_json: %json {}\n", serde_json::to_string(&schema)?));
+    Ok(g)
 }
 
 /// Writes calls in the native syntax, as the template renders earlier turns' calls.

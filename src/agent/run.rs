@@ -50,6 +50,8 @@ struct StepGrammars {
     answer_only: StepGrammar,
     /// Calls only: the first step, or the step after an error, where the settings ask for a call.
     call_only: Option<StepGrammar>,
+    /// One more call after a decision's calls, when the settings propose more calls.
+    more_calls: Option<Grammar>,
 }
 
 impl StepGrammars {
@@ -60,6 +62,15 @@ impl StepGrammars {
             answer_only: StepGrammar::new(specs, &ToolChoice::None, config)?,
             call_only: (must_call && config.tool_choice == ToolChoice::Auto && !specs.is_empty())
                 .then(|| StepGrammar::new(specs, &ToolChoice::Required, config))
+                .transpose()?,
+            more_calls: (config.propose_more_calls
+                && config.format == DecisionFormat::Native
+                && config.decision.parallel_calls.is_some_and(|n| n > 1)
+                && !specs.is_empty()
+                && config.tool_choice != ToolChoice::None)
+                .then(|| {
+                    native::native_extension_grammar(specs, &config.tool_choice, &config.decision).map(Grammar::Lark)
+                })
                 .transpose()?,
         })
     }
@@ -179,6 +190,10 @@ impl Agent {
                 }
             }
         }
+        // After abstention, which looks at the first call only: a dropped decision needs no more calls.
+        if let Some(more) = &grammars.more_calls {
+            self.propose_more_calls(messages, &mut decided, more, tools, &mut run.stats)?;
+        }
         let Decided { decision, text, stats, retries } = decided;
         self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
         messages.push(ChatMessage::assistant(text));
@@ -193,6 +208,52 @@ impl Agent {
         messages.extend(self.observation_messages(&mut step));
         run.steps.push(step);
         Ok(None)
+    }
+
+    /// Proposes one more call after the decision's calls (the driver continues the reply under `grammar`)
+    /// and keeps it while it is a new item the request asked for, up to the parallel-call limit. The
+    /// proposals' tokens count in the step's figures.
+    fn propose_more_calls(
+        &mut self,
+        messages: &[ChatMessage],
+        decided: &mut Decided,
+        grammar: &Grammar,
+        tools: Option<&Value>,
+        run_stats: &mut RunStats,
+    ) -> Result<()> {
+        let limit = self.config.decision.parallel_calls.unwrap_or(1);
+        let mut calls = decided.decision.calls();
+        while !calls.is_empty() && calls.len() < limit {
+            let req = DecisionRequest {
+                messages,
+                grammar,
+                tools,
+                format: DecisionFormat::Native,
+                biases: self.config.branch_biases,
+                max_tokens: self.config.max_decision_tokens,
+                attempt: 0,
+            };
+            let Some(out) = self.driver.extend(&req)? else { break };
+            decided.stats.generated_tokens += out.stats.generated_tokens;
+            decided.stats.forced_tokens += out.stats.forced_tokens;
+            decided.stats.seconds += out.stats.seconds;
+            run_stats.generated_tokens += out.stats.generated_tokens;
+            run_stats.reused_tokens += out.stats.reused_tokens;
+            let proposed = match native::parse_native(out.text.trim()) {
+                Ok(d) if out.complete => d.calls(),
+                _ => break,
+            };
+            let [call] = proposed.as_slice() else { break };
+            if self.check_call(call).is_err() || !grounding::is_new_requested_item(call, &calls, messages) {
+                break;
+            }
+            calls.push(call.clone());
+            decided.text.push_str(&out.text);
+        }
+        if calls.len() > decided.decision.calls().len() {
+            decided.decision = Decision::from_calls(decided.decision.thought().to_string(), calls);
+        }
+        Ok(())
     }
 
     /// Runs the decision's calls into `step.calls`, noting in `run` whether the next step must answer (a

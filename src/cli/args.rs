@@ -193,6 +193,17 @@ pub(crate) struct DecisionArgs {
     /// not fit (default: the catalog's value for the model, else never; 0 disables).
     #[arg(long)]
     pub(crate) abstain_below: Option<f32>,
+    /// With --parallel-calls N and the native format: after a decision's calls, propose one more and keep
+    /// it when its new values are words of the request (default: the catalog's choice for the model).
+    #[arg(long, value_name = "yes|no")]
+    pub(crate) propose_more_calls: Option<Toggle>,
+}
+
+/// `yes` or `no`, for settings whose default comes from the catalog.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Toggle {
+    Yes,
+    No,
 }
 
 /// What [`DecisionArgs::resolve`] settles.
@@ -200,6 +211,7 @@ pub(crate) struct DecisionSettings {
     pub(crate) format: reagent::agent::DecisionFormat,
     pub(crate) biases: reagent::agent::BranchBiases,
     pub(crate) abstain_below: Option<f32>,
+    pub(crate) propose_more_calls: bool,
 }
 
 impl DecisionSettings {
@@ -208,6 +220,7 @@ impl DecisionSettings {
         config.format = self.format;
         config.branch_biases = self.biases;
         config.abstain_below = self.abstain_below;
+        config.propose_more_calls = self.propose_more_calls;
     }
 }
 
@@ -216,8 +229,12 @@ impl std::fmt::Display for DecisionSettings {
         let abstain = self.abstain_below.map_or("never".to_string(), |g| g.to_string());
         write!(
             f,
-            "{} format, call bias {}, more-calls bias {}, close bias {}, abstain below {abstain}",
-            self.format, self.biases.call, self.biases.more_calls, self.biases.close
+            "{} format, call bias {}, more-calls bias {}, close bias {}, abstain below {abstain}{}",
+            self.format,
+            self.biases.call,
+            self.biases.more_calls,
+            self.biases.close,
+            if self.propose_more_calls { ", proposing more calls" } else { "" }
         )
     }
 }
@@ -258,7 +275,11 @@ impl DecisionArgs {
             Some(g) if !(0.0..=1.0).contains(&g) => bail!("--abstain-below must be between 0 and 1, not {g}"),
             g => g.filter(|&g| g > 0.0),
         };
-        Ok(DecisionSettings { format, biases, abstain_below })
+        let propose_more_calls = match self.propose_more_calls {
+            Some(t) => t == Toggle::Yes,
+            None => defaults.propose_more_calls,
+        };
+        Ok(DecisionSettings { format, biases, abstain_below, propose_more_calls })
     }
 }
 
