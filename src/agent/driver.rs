@@ -11,8 +11,8 @@ use serde_json::Value;
 use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
 use super::native::{self, NativeTokens};
-use crate::decode::constraint::{BranchBias, BranchPoint, Grammar, GrammarEngine};
-use crate::decode::generate::{generate_continuing, FinishReason, GenerateParams, Prompt};
+use crate::decode::constraint::{BranchBias, BranchPoint, Constraint, Grammar, GrammarEngine};
+use crate::decode::generate::{generate_continuing, FinishReason, GenerateParams, Generation, Prompt};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -145,6 +145,27 @@ impl ModelDriver {
         self.model.chat_template().render_tokens(tok, messages, true, tools)
     }
 
+    /// Generates after `prompt`, whose first `cached` tokens are in the KV cache, and records what the
+    /// cache then holds (the prompt and the generated tokens; after an error, only those first tokens).
+    fn generate(
+        &mut self,
+        prompt: &[u32],
+        cached: usize,
+        params: &GenerateParams,
+        constraint: Option<&mut Constraint>,
+    ) -> Result<Generation> {
+        let tok = self.model.tokenizer().clone();
+        let stops = self.model.stop_tokens().to_vec();
+        let at = Prompt { tokens: prompt, cached };
+        let generated = generate_continuing(&mut self.model, &tok, &stops, at, params, constraint, &mut |_| {});
+        let in_cache = self.model.cache_len();
+        self.cached = match &generated {
+            Ok(g) => prompt.iter().chain(&g.tokens).copied().take(in_cache).collect(),
+            Err(_) => prompt[..cached.min(in_cache)].to_vec(),
+        };
+        generated
+    }
+
     /// The branch biases of a native decision: on the tokens that start a call, at the start (call or
     /// answer), on the end of the turn after each call (stop or call again), and on closing brackets
     /// between argument values (close or add an optional argument or item).
@@ -219,20 +240,8 @@ impl Driver for ModelDriver {
         };
         let params =
             GenerateParams { max_tokens: req.max_tokens, sampling, seed: self.seed, ..GenerateParams::default() };
-        let tok = self.model.tokenizer().clone();
-        let stops = self.model.stop_tokens().to_vec();
-        let g = generate_continuing(
-            &mut self.model,
-            &tok,
-            &stops,
-            Prompt { tokens: &prompt, cached: reused },
-            &params,
-            constraint.as_mut(),
-            &mut |_| {},
-        )?;
+        let g = self.generate(&prompt, reused, &params, constraint.as_mut())?;
         self.seed = self.seed.wrapping_add(1);
-        let in_cache = self.model.cache_len();
-        self.cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
         self.prompt_len = prompt.len();
         // Under a grammar: complete when the grammar is (even if the last token also hit the limit).
         // Free: when it stopped by itself, or a whole JSON object came out before the limit cut it.
@@ -260,7 +269,7 @@ impl Driver for ModelDriver {
         }
         let t = Instant::now();
         // The last prompt and decision are in the KV cache: only the last token is run again.
-        let prompt = std::mem::take(&mut self.cached);
+        let prompt = self.cached.clone();
         let mut constraint = engine.constraint(req.grammar)?.with_branches(self.branches(req));
         let params = GenerateParams {
             max_tokens: req.max_tokens,
@@ -268,27 +277,8 @@ impl Driver for ModelDriver {
             seed: self.seed,
             ..Default::default()
         };
-        let tok = self.model.tokenizer().clone();
-        let stops = self.model.stop_tokens().to_vec();
-        let generated = generate_continuing(
-            &mut self.model,
-            &tok,
-            &stops,
-            Prompt { tokens: &prompt, cached: prompt.len() },
-            &params,
-            Some(&mut constraint),
-            &mut |_| {},
-        );
-        let in_cache = self.model.cache_len();
-        let g = match generated {
-            Ok(g) => g,
-            Err(e) => {
-                self.cached = prompt.into_iter().take(in_cache).collect();
-                return Err(e);
-            }
-        };
         // The seed is left as it was: a proposal does not change what later decisions sample.
-        self.cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
+        let g = self.generate(&prompt, prompt.len(), &params, Some(&mut constraint))?;
         let complete = constraint.is_finished() || g.stop == FinishReason::GrammarComplete;
         let stats = DecisionStats {
             prompt_tokens: 0,

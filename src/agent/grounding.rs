@@ -23,12 +23,7 @@ use crate::tools::ToolCall;
 /// those turns. Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing
 /// is left (a call without arguments is as grounded as its request).
 pub fn grounding(call: &ToolCall, conversation: &[ChatMessage]) -> Option<f32> {
-    let text: String = conversation
-        .iter()
-        .filter(|m| matches!(m.role, Role::User | Role::Tool))
-        .map(|m| m.content.to_lowercase())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = Evidence::of(conversation).text;
     let known: HashSet<&str> = words(&text).collect();
     let mut scores = Vec::new();
     leaf_scores(&call.args, &text, &known, &mut scores);
