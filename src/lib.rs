@@ -11,7 +11,7 @@
 //! - [`Tokenizer`]: built from the GGUF metadata; `encode(text, parse_special)`, exact token bytes.
 //! - [`ChatTemplate`] and [`ChatMessage`]: the model's Jinja chat template.
 //! - [`Model::generate`], [`Model::chat`] and [`Model::chat_constrained`] with [`GenerateParams`] and
-//!   [`Sampling`]; [`generate`](decode::generate::generate) and [`generate_with`] for token-level control.
+//!   [`Sampling`]; [`generate`] and [`generate_with`] for token-level control.
 //! - [`catalog`]: model names, the local cache and fetching.
 //! - [`GrammarEngine`] / [`Constraint`]: llguidance-constrained decoding ([`generate_with`]).
 //! - [`Agent`] (built with [`Agent::builder`]), [`Tool`], [`TypedTool`], [`ToolSpec`], [`Transcript`],

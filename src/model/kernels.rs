@@ -9,7 +9,7 @@
 //!
 //! Every kernel has a portable scalar version and SIMD versions chosen at run time ([`Tier`]: AVX-512 VNNI,
 //! AVX-VNNI, AVX2); tests check that every tier the CPU has agrees with the scalar code, and the scalar
-//! code with dequantize-then-f32. Rows are split across the kernels' own worker pool ([`super::pool`]),
+//! code with dequantize-then-f32. Rows are split across the kernels' own worker pool (`model::pool`),
 //! which costs a few microseconds per call rather than rayon's tens, and yields its cores under contention.
 //!
 //! Prompt-sized batches ([`matmul`]) use the same 8-bit activations: on the SIMD tiers the weights and

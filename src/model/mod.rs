@@ -3,7 +3,7 @@
 //! [`LanguageModel`] is the small trait everything above this layer talks to: run new tokens at a
 //! position, get the last position's logits; the KV cache persists between calls and can be truncated
 //! back to any earlier length. [`Transformer`] is a GGUF file's network: weights on a device and the KV
-//! cache, one [`Network`] per architecture. This module knows nothing about text, tools, grammars or
+//! cache, one `Network` per architecture. This module knows nothing about text, tools, grammars or
 //! agents: the tokenizer, chat template and stop tokens are joined to it in `text` ([`crate::text::Model`]).
 
 // Internals that tests and benches reach (hidden from the docs; not a stable API).

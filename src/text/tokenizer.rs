@@ -4,7 +4,7 @@
 //! (user-defined tokens always; control tokens only when `parse_special` is on, so text that comes from
 //! users or tools can never produce `<|im_end|>`), then each plain fragment goes through the model:
 //! byte-level BPE (the `tokenizers` crate, with the pre-tokenizer regexes llama.cpp uses for the file's
-//! `tokenizer.ggml.pre`) or SentencePiece-style merging by score ([`super::spm`]).
+//! `tokenizer.ggml.pre`) or SentencePiece-style merging by score (`text::spm`).
 //!
 //! Every token also has its exact byte string (`token_bytes`), used for streaming decode and for the
 //! grammar engine, which needs to know what bytes each token contributes.
