@@ -168,14 +168,17 @@ pub fn with_memory_budget<T: Send + 'static>(cap: usize, f: impl FnOnce() -> T +
     let exceeded = std::sync::Arc::new(AtomicBool::new(false));
     let flag = exceeded.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new().name("reagent-budget".into()).spawn(move || {
-        let budget = Budget { used: 0, cap, exceeded: std::sync::Arc::as_ptr(&flag) };
-        BUDGET.with(|c| c.set(Some(budget)));
-        let out = f();
-        BUDGET.with(|c| c.set(None));
-        let _ = tx.send(out);
-        drop(flag);
-    });
+    // A big stack too: a template engine recursing to its own depth limit needs more than the default
+    // 2 MiB of a spawned thread (a fuzzed chat template overflowed it and aborted the process).
+    let spawned =
+        std::thread::Builder::new().name("reagent-budget".into()).stack_size(COMPILE_STACK_BYTES).spawn(move || {
+            let budget = Budget { used: 0, cap, exceeded: std::sync::Arc::as_ptr(&flag) };
+            BUDGET.with(|c| c.set(Some(budget)));
+            let out = f();
+            BUDGET.with(|c| c.set(None));
+            let _ = tx.send(out);
+            drop(flag);
+        });
     if spawned.is_err() {
         return None;
     }
