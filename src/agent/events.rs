@@ -24,6 +24,16 @@ pub struct DecisionStats {
     pub branch_margins: Vec<crate::decode::constraint::BranchMargin>,
 }
 
+impl DecisionStats {
+    /// Adds the tokens and time of another generation made for the same decision (a re-decision, a
+    /// proposed call); the prompt and margins stay this decision's.
+    pub(crate) fn add_generation(&mut self, other: &DecisionStats) {
+        self.generated_tokens += other.generated_tokens;
+        self.forced_tokens += other.forced_tokens;
+        self.seconds += other.seconds;
+    }
+}
+
 /// Something that happened during a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]

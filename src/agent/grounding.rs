@@ -23,38 +23,15 @@ use crate::tools::ToolCall;
 /// those turns. Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing
 /// is left (a call without arguments is as grounded as its request).
 pub fn grounding(call: &ToolCall, conversation: &[ChatMessage]) -> Option<f32> {
-    let text = Evidence::of(conversation).text;
-    let known: HashSet<&str> = words(&text).collect();
-    let mut scores = Vec::new();
-    leaf_scores(&call.args, &text, &known, &mut scores);
+    let evidence = Evidence::of(conversation);
+    let scores: Vec<f32> = leaves(&call.args)
+        .iter()
+        .filter_map(|leaf| {
+            let (found, all) = evidence.words_found(leaf);
+            (all > 0).then(|| found as f32 / all as f32)
+        })
+        .collect();
     (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
-}
-
-fn leaf_scores(v: &Value, text: &str, known: &HashSet<&str>, out: &mut Vec<f32>) {
-    let owned;
-    let s = match v {
-        Value::Object(m) => return m.values().for_each(|x| leaf_scores(x, text, known, out)),
-        Value::Array(a) => return a.iter().for_each(|x| leaf_scores(x, text, known, out)),
-        Value::Null | Value::Bool(_) => return,
-        Value::Number(n) => {
-            owned = n.to_string();
-            owned.as_str()
-        }
-        Value::String(s) => {
-            owned = s.to_lowercase();
-            owned.as_str()
-        }
-    };
-    let (mut found, mut all) = (0usize, 0usize);
-    for w in words(s) {
-        all += 1;
-        // Scripts without spaces between words (Chinese, Japanese) make one long "word" of a sentence:
-        // their values count when they occur anywhere in the text.
-        found += usize::from(known.contains(w) || (!w.is_ascii() && text.contains(w)));
-    }
-    if all > 0 {
-        out.push(found as f32 / all as f32);
-    }
 }
 
 /// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
@@ -90,9 +67,10 @@ pub fn is_new_requested_item(call: &ToolCall, earlier: &[ToolCall], conversation
     })
 }
 
-/// What the user and tool turns say: their words, and the numbers they write.
+/// What the user and tool turns say: their text (lower case), its words, and the numbers it writes.
 struct Evidence {
     text: String,
+    known: HashSet<String>,
     numbers: Vec<f64>,
 }
 
@@ -104,8 +82,18 @@ impl Evidence {
             .map(|m| m.content.to_lowercase())
             .collect::<Vec<_>>()
             .join("\n");
+        let known = words(&text).map(str::to_string).collect();
         let numbers = written_numbers(&text);
-        Self { text, numbers }
+        Self { text, known, numbers }
+    }
+
+    /// How many of a leaf value's words occur in the text, and of how many. Scripts without spaces
+    /// between words (Chinese, Japanese) make one long "word" of a sentence: their words count when they
+    /// occur anywhere in the text.
+    fn words_found(&self, leaf: &Value) -> (usize, usize) {
+        let ws = leaf_words(leaf);
+        let found = ws.iter().filter(|w| self.known.contains(*w) || (!w.is_ascii() && self.text.contains(w.as_str())));
+        (found.count(), ws.len())
     }
 
     /// Whether every word of a leaf value occurs in the text (a number also when it equals one written
@@ -116,8 +104,8 @@ impl Evidence {
                 return true;
             }
         }
-        let known: HashSet<&str> = words(&self.text).collect();
-        leaf_words(leaf).iter().all(|w| known.contains(w.as_str()) || (!w.is_ascii() && self.text.contains(w.as_str())))
+        let (found, all) = self.words_found(leaf);
+        found == all
     }
 }
 

@@ -234,9 +234,7 @@ impl Agent {
                 attempt: 0,
             };
             let Some(out) = self.driver.extend(&req)? else { break };
-            decided.stats.generated_tokens += out.stats.generated_tokens;
-            decided.stats.forced_tokens += out.stats.forced_tokens;
-            decided.stats.seconds += out.stats.seconds;
+            decided.stats.add_generation(&out.stats);
             run_stats.generated_tokens += out.stats.generated_tokens;
             run_stats.reused_tokens += out.stats.reused_tokens;
             let proposed = match native::parse_native(out.text.trim()) {
@@ -600,11 +598,8 @@ fn decision_value(text: &str) -> Value {
 /// A step whose first decision was dropped as ungrounded and decided again: the second decision, with the
 /// figures of both generations (its branch margins are the first's, where the choice was made).
 fn merge_redecided(first: Decided, mut second: Decided) -> Decided {
-    let s = &mut second.stats;
-    s.generated_tokens += first.stats.generated_tokens;
-    s.forced_tokens += first.stats.forced_tokens;
-    s.seconds += first.stats.seconds;
-    s.branch_margins = first.stats.branch_margins;
+    second.stats.add_generation(&first.stats);
+    second.stats.branch_margins = first.stats.branch_margins;
     second.retries += first.retries;
     second
 }

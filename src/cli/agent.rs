@@ -134,15 +134,12 @@ fn add_file_and_mcp_tools(tools: &mut Vec<Arc<dyn Tool>>, files: &[PathBuf], mcp
 fn run_config(a: &RunArgs) -> Result<AgentConfig> {
     let tool_timeout =
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
+    let base = a.agent.config()?;
     Ok(AgentConfig {
-        tool_choice: a.agent.tool_choice.parse()?,
-        max_steps: a.agent.max_steps,
-        max_retries: a.agent.max_retries,
         decision: reagent::DecisionOptions {
-            parallel_calls: a.agent.parallel_calls,
             max_thought_chars: a.max_thought_chars,
             max_string_chars: a.max_string_chars,
-            ..Default::default()
+            ..base.decision
         },
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout,
@@ -152,7 +149,7 @@ fn run_config(a: &RunArgs) -> Result<AgentConfig> {
         // replace this policy yet.
         first_decision_calls: !a.allow_direct_answer,
         call_after_error: !a.allow_direct_answer,
-        ..AgentConfig::default()
+        ..base
     })
 }
 
@@ -249,14 +246,6 @@ fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
         dry_run: a.dry_run,
         limit: a.limit,
         reuse_across_tasks: a.reuse_across_tasks,
-        agent: AgentConfig {
-            tool_choice: a.agent.tool_choice.parse()?,
-            max_steps: a.agent.max_steps,
-            max_retries: a.agent.max_retries,
-            decision: reagent::DecisionOptions { parallel_calls: a.agent.parallel_calls, ..Default::default() },
-            first_decision_calls: a.first_call,
-            call_after_error: a.first_call,
-            ..AgentConfig::default()
-        },
+        agent: AgentConfig { first_decision_calls: a.first_call, call_after_error: a.first_call, ..a.agent.config()? },
     })
 }

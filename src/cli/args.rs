@@ -154,6 +154,20 @@ pub(crate) struct AgentArgs {
     pub(crate) decision: DecisionArgs,
 }
 
+impl AgentArgs {
+    /// The agent settings these flags give (the decision format and biases come from
+    /// [`DecisionArgs::resolve`], once the driver is known).
+    pub(crate) fn config(&self) -> Result<reagent::AgentConfig> {
+        Ok(reagent::AgentConfig {
+            tool_choice: self.tool_choice.parse()?,
+            max_steps: self.max_steps,
+            max_retries: self.max_retries,
+            decision: reagent::DecisionOptions { parallel_calls: self.parallel_calls, ..Default::default() },
+            ..reagent::AgentConfig::default()
+        })
+    }
+}
+
 #[derive(Subcommand)]
 pub(crate) enum ModelsCmd {
     /// Name, size, architecture and whether each catalog model is in the local cache.

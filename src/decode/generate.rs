@@ -216,7 +216,6 @@ pub fn generate_continuing(
     Ok(Generation { text, tokens, stop, stats })
 }
 
-/// Streams generated text: complete UTF-8 only, holding back any tail that could start a stop string.
 /// The decode loop's state: the tokens so far, their text, and the limits that end it.
 struct Decoding<'a> {
     params: &'a GenerateParams,
@@ -281,6 +280,7 @@ impl Decoding<'_> {
     }
 }
 
+/// Streams generated text: complete UTF-8 only, holding back any tail that could start a stop string.
 struct TextOut<'a> {
     stream: StreamDecoder,
     text: String,
