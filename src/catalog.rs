@@ -60,11 +60,16 @@ pub struct DecisionDefaults {
     pub more_calls_bias: f32,
     #[serde(default)]
     pub close_bias: f32,
+    #[serde(default)]
+    pub end_list_bias: f32,
     /// See [`crate::agent::AgentConfig::abstain_below`].
     pub abstain_below: Option<f32>,
     /// See [`crate::agent::AgentConfig::propose_more_calls`].
     #[serde(default)]
     pub propose_more_calls: bool,
+    /// See [`crate::agent::AgentConfig::drop_unstated_options`].
+    #[serde(default)]
+    pub drop_unstated_options: bool,
 }
 
 /// The model catalog.

@@ -455,6 +455,56 @@ fn proposed_calls_are_kept_only_when_the_request_asks_for_them() {
     assert_eq!(calls, ["2+3"]);
 }
 
+/// Unstated optional arguments: with the setting on, a native call keeps its required arguments and the
+/// optional ones the request states (a word of it, a longer form of one, a number in words) and loses the
+/// made-up ones, both in the call that runs and in the reply kept in the conversation; off, it runs as
+/// decided.
+#[test]
+fn optional_arguments_the_request_does_not_state_are_left_out() {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "dish": {"type": "string"}, "diet": {"type": "string"}, "servings": {"type": "integer"},
+            "sort": {"type": "string"}, "season": {"type": "string"}, "max_minutes": {"type": "integer"},
+            "quick": {"type": "boolean"}
+        },
+        "required": ["dish"]
+    });
+    let seen_args = Arc::new(Mutex::new(Vec::new()));
+    let recipe = || {
+        let seen = seen_args.clone();
+        FnTool::new(ToolSpec::new("recipe", "Finds a recipe.", schema.clone()).unwrap(), move |a: &Value| {
+            seen.lock().unwrap().push(a.clone());
+            Ok(json!("found"))
+        })
+    };
+    let args = json!({"dish": "lasagna", "diet": "vegan", "servings": 3, "sort": "chronological",
+                      "season": "2019-2020", "max_minutes": 45, "quick": true});
+    let decided = format!("<tool_call>\n{}\n</tool_call>", json!({"name": "recipe", "arguments": args}));
+    for on in [true, false] {
+        let config = AgentConfig {
+            format: reagent::agent::DecisionFormat::Native,
+            drop_unstated_options: on,
+            ..AgentConfig::default()
+        };
+        let driver = ScriptedDriver::new(vec![decided.clone(), "Here it is.".into()]);
+        let log = driver.log();
+        let mut a = Agent::builder().driver(driver).tool(recipe()).config(config).build().unwrap();
+        a.run("A vegan lasagna for three, sorted chronologically").unwrap();
+        let ran = seen_args.lock().unwrap().pop().unwrap();
+        let kept =
+            log.lock().unwrap().last().unwrap().iter().find(|m| m.role == reagent::Role::Assistant).unwrap().clone();
+        if on {
+            let expected =
+                json!({"dish": "lasagna", "diet": "vegan", "servings": 3, "sort": "chronological", "quick": true});
+            assert_eq!(ran, expected);
+            assert!(!kept.content.contains("season") && kept.content.contains("chronological"), "{}", kept.content);
+        } else {
+            assert_eq!(ran, args);
+        }
+    }
+}
+
 /// Abstention by grounding: under `auto`, a first call made of values the user never wrote is dropped and
 /// the model asked again for an answer; a grounded call, a later step's call, or a run without a
 /// threshold keep their calls. The grounding is recorded either way.

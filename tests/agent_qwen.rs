@@ -14,7 +14,7 @@ fn run(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
 /// The native format with the catalog's biases for this model and a first decision that calls, as
 /// `reagent run` uses it.
 fn run_native(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
-    let biases = BranchBiases { call: -1.5, more_calls: 13.0, close: 3.0 };
+    let biases = BranchBiases { call: -1.5, more_calls: 13.0, close: 3.0, end_list: 3.0 };
     let config = AgentConfig {
         format: DecisionFormat::Native,
         branch_biases: biases,

@@ -353,8 +353,14 @@ fn branch_bias_takes_the_call_or_answer_choice() {
     let mut margins = Vec::new();
     for bias in [100.0f32, -100.0] {
         let grammar = native(ToolChoice::Auto, opts.clone());
-        let branches =
-            vec![BranchBias { label: "call", at: BranchPoint::Start, tokens: starts.clone(), against: None, bias }];
+        let branches = vec![BranchBias {
+            label: "call",
+            at: BranchPoint::Start,
+            tokens: starts.clone(),
+            against: None,
+            bias,
+            when: Default::default(),
+        }];
         let mut c = engine.constraint(&grammar).unwrap().with_branches(branches);
         let params = GenerateParams { max_tokens: 200, ..GenerateParams::default() };
         let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
@@ -372,7 +378,6 @@ fn branch_bias_takes_the_call_or_answer_choice() {
 /// leaves optional arguments out, a large negative one puts them in, and numbers are never cut by it.
 #[test]
 fn closing_bias_decides_optional_arguments_only_between_values() {
-    use reagent::decode::constraint::{BranchBias, BranchPoint};
     let mut model = tiny_model(Arch::Qwen2);
     let tok = model.tokenizer().clone();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
@@ -386,20 +391,54 @@ fn closing_bias_decides_optional_arguments_only_between_values() {
     });
     let prompt = tok.encode("hello", false).unwrap();
     for (bias, with_b) in [(100.0f32, false), (-100.0, true)] {
-        let close = BranchBias {
-            label: "close",
-            at: BranchPoint::Anywhere,
-            tokens: t.closers.clone(),
-            against: Some(t.commas.clone()),
-            bias,
-        };
-        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(vec![close]);
+        let branches = t.ends.branches(bias, 0.0);
+        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(branches);
         let params = GenerateParams { max_tokens: 60, ..GenerateParams::default() };
         let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
         let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
         assert_eq!(v.get("b").is_some(), with_b, "bias {bias}: {}", g.text);
         assert!((100..=999).contains(&v["a"].as_i64().unwrap()), "three digits, never cut: {}", g.text);
         assert!(c.stats().branch_margins.iter().all(|m| m.label == "close"));
+    }
+}
+
+/// The end-list bias decides whether a string goes on at a comma (a list written as one value) or ends
+/// there, and whether an array takes another item; the object's close is left to the model when its
+/// bias is zero.
+#[test]
+fn end_list_bias_decides_strings_at_commas_and_array_items() {
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let t = reagent::agent::native::NativeTokens::of(&tok).unwrap();
+    let schema = json!({
+        "x-guidance": {"whitespace_flexible": false},
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "pattern": "^a(,a){0,5}$"},
+            "n": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9}, "minItems": 1, "maxItems": 6}
+        },
+        "required": ["s", "n"],
+        "additionalProperties": false
+    });
+    let prompt = tok.encode("hello", false).unwrap();
+    for bias in [100.0f32, -100.0] {
+        let branches = t.ends.branches(0.0, bias);
+        assert!(branches.iter().all(|b| b.label != "close"), "a zero bias adds no branch");
+        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(branches);
+        let params = GenerateParams { max_tokens: 80, ..GenerateParams::default() };
+        let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+        let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
+        let (s, n) = (v["s"].as_str().unwrap(), v["n"].as_array().unwrap());
+        if bias > 0.0 {
+            assert_eq!(s, "a", "a string ends where it could go on at a comma: {}", g.text);
+            assert_eq!(n.len(), 1, "an array ends after its first item: {}", g.text);
+        } else {
+            assert_eq!(s, "a,a,a,a,a,a", "a string goes on at a comma: {}", g.text);
+            assert_eq!(n.len(), 6, "an array takes items up to its limit: {}", g.text);
+        }
+        let labels: Vec<_> = c.stats().branch_margins.iter().map(|m| m.label).collect();
+        assert!(labels.contains(&"end-string") && labels.contains(&"end-list"), "{labels:?}");
     }
 }
 

@@ -85,15 +85,17 @@ impl std::fmt::Display for DecisionFormat {
 }
 
 /// Logit biases at the branches of a decision (see [`crate::decode::constraint::BranchBias`]): positive
-/// values favour calling a tool over answering, one more call over stopping, and closing an object or
-/// array of arguments over adding an optional argument or item. Applied where the format makes each
-/// choice at one token (the native format).
+/// values favour calling a tool over answering, one more call over stopping, closing an object of
+/// arguments over adding an optional argument, and ending a list (an array, or a string at a comma) over
+/// adding an item. Applied where the format makes each choice at one token (the native format).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct BranchBiases {
     pub call: f32,
     pub more_calls: f32,
     #[serde(default)]
     pub close: f32,
+    #[serde(default)]
+    pub end_list: f32,
 }
 
 /// Bounds and shape options of the decision grammar.

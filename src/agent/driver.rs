@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
 use super::native::{self, NativeTokens};
-use crate::decode::constraint::{BranchBias, BranchPoint, Constraint, Grammar, GrammarEngine};
+use crate::decode::constraint::{Allowed, BranchBias, BranchPoint, Constraint, Grammar, GrammarEngine};
 use crate::decode::generate::{generate_continuing, FinishReason, GenerateParams, Generation, Prompt};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
@@ -167,8 +167,9 @@ impl ModelDriver {
     }
 
     /// The branch biases of a native decision: on the tokens that start a call, at the start (call or
-    /// answer), on the end of the turn after each call (stop or call again), and on closing brackets
-    /// between argument values (close or add an optional argument or item).
+    /// answer), on the end of the turn after each call (stop or call again), and where an argument value
+    /// can end: close the object or add an optional argument; end an array or add an item; inside a
+    /// string, end it or go on at a comma (a list written as one string).
     fn branches(&self, req: &DecisionRequest<'_>) -> Vec<BranchBias> {
         if req.format != DecisionFormat::Native {
             return Vec::new();
@@ -176,24 +177,21 @@ impl ModelDriver {
         let Some(t) = self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())) else {
             return Vec::new();
         };
-        let (calls, more, close) = (req.biases.call, -req.biases.more_calls, req.biases.close);
-        let mut b = vec![BranchBias {
-            label: "call",
-            at: BranchPoint::Start,
-            tokens: t.call_starts.clone(),
+        let BranchBiases { call, more_calls, close, end_list } = req.biases;
+        let one_sided = |label, at, tokens: &Vec<u32>, bias| BranchBias {
+            label,
+            at,
+            tokens: tokens.clone(),
             against: None,
-            bias: calls,
-        }];
+            bias,
+            when: Allowed::Always,
+        };
+        let mut b = vec![one_sided("call", BranchPoint::Start, &t.call_starts, call)];
         let stops = self.model.stop_tokens().to_vec();
         for &end in &t.call_ends {
-            let at = BranchPoint::After(end);
-            b.push(BranchBias { label: "stop", at, tokens: stops.clone(), against: None, bias: more });
+            b.push(one_sided("stop", BranchPoint::After(end), &stops, -more_calls));
         }
-        if close != 0.0 {
-            // Between argument values, where only a comma or a closing bracket may come next.
-            let (at, against) = (BranchPoint::Anywhere, Some(t.commas.clone()));
-            b.push(BranchBias { label: "close", at, tokens: t.closers.clone(), against, bias: close });
-        }
+        b.extend(t.ends.branches(close, end_list));
         b
     }
 }

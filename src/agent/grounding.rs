@@ -20,15 +20,17 @@ use crate::tools::ToolCall;
 
 /// The share of `call`'s argument values found in the user and tool turns of `conversation`, averaged
 /// over the values: a value scores the fraction of its words (lower-case alphanumeric runs) that occur in
-/// those turns. Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing
-/// is left (a call without arguments is as grounded as its request).
+/// those turns, and a number 1 when it equals one written there ("$1,000,000", "5%" as 5 or 0.05).
+/// Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing is left (a
+/// call without arguments is as grounded as its request).
 pub fn grounding(call: &ToolCall, conversation: &[ChatMessage]) -> Option<f32> {
     let evidence = Evidence::of(conversation);
     let scores: Vec<f32> = leaves(&call.args)
         .iter()
         .filter_map(|leaf| {
             let (found, all) = evidence.words_found(leaf);
-            (all > 0).then(|| found as f32 / all as f32)
+            let written = evidence.is_written_number(leaf);
+            (all > 0).then(|| if written { 1.0 } else { found as f32 / all as f32 })
         })
         .collect();
     (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
@@ -67,6 +69,26 @@ pub fn is_new_requested_item(call: &ToolCall, earlier: &[ToolCall], conversation
     })
 }
 
+/// Leaves out of `call` its optional arguments (those `schema` does not list as `required`) whose values
+/// the user and tool turns do not state, and says whether it left any out.
+///
+/// A value is stated, leniently, when each of its scalars has a word that occurs in the turns (also as a
+/// longer or shorter form of a word: "chronological" for "chronologically"), or is a number written there
+/// (with separators, as a percentage, or in words: "three", "twice"). Booleans, nulls and empty strings
+/// carry no evidence and are kept. A small model either leaves out optional arguments the request does
+/// state ("vegan", "5 players", "settled") or, left to add them, fills others with made-up values
+/// (`"z": 0`, `"season": "2019-2020"`); letting it write them and keeping only the stated ones gets the
+/// first without the second.
+pub fn drop_unstated_options(call: &mut ToolCall, schema: &Value, conversation: &[ChatMessage]) -> bool {
+    let Some(args) = call.args.as_object_mut() else { return false };
+    let required: HashSet<&str> =
+        schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+    let evidence = Evidence::of(conversation);
+    let before = args.len();
+    args.retain(|name, value| required.contains(name.as_str()) || leaves(value).iter().all(|l| evidence.states(l)));
+    args.len() < before
+}
+
 /// What the user and tool turns say: their text (lower case), its words, and the numbers it writes.
 struct Evidence {
     text: String,
@@ -99,15 +121,58 @@ impl Evidence {
     /// Whether every word of a leaf value occurs in the text (a number also when it equals one written
     /// there).
     fn grounds(&self, leaf: &Value) -> bool {
-        if let Some(x) = leaf.as_f64() {
-            if self.numbers.iter().any(|&n| (x - n).abs() <= 1e-9 * n.abs().max(1.0)) {
-                return true;
-            }
-        }
         let (found, all) = self.words_found(leaf);
-        found == all
+        found == all || self.is_written_number(leaf)
+    }
+
+    /// Whether a leaf is stated, leniently (see [`drop_unstated_options`]).
+    fn states(&self, leaf: &Value) -> bool {
+        if let Some(x) = leaf.as_f64() {
+            let named = NUMBER_WORDS.iter().any(|&(w, n)| n == x && self.known.contains(w));
+            return named || self.is_written_number(leaf) || self.words_found(leaf).0 > 0;
+        }
+        let alpha = |w: &str| w.len() >= 4 && w.chars().all(char::is_alphabetic);
+        let stem_of = |w: &str| {
+            alpha(w) && self.known.iter().any(|k| alpha(k) && (k.starts_with(w) || w.starts_with(k.as_str())))
+        };
+        let (found, _) = self.words_found(leaf);
+        found > 0 || leaf_words(leaf).iter().any(|w| stem_of(w))
+    }
+
+    /// Whether a leaf is a number that equals one written in the text.
+    fn is_written_number(&self, leaf: &Value) -> bool {
+        leaf.as_f64().is_some_and(|x| self.numbers.iter().any(|&n| (x - n).abs() <= 1e-9 * n.abs().max(1.0)))
     }
 }
+
+/// Numbers written as words.
+const NUMBER_WORDS: [(&str, f64); 25] = [
+    ("zero", 0.0),
+    ("one", 1.0),
+    ("two", 2.0),
+    ("three", 3.0),
+    ("four", 4.0),
+    ("five", 5.0),
+    ("six", 6.0),
+    ("seven", 7.0),
+    ("eight", 8.0),
+    ("nine", 9.0),
+    ("ten", 10.0),
+    ("eleven", 11.0),
+    ("twelve", 12.0),
+    ("thirteen", 13.0),
+    ("fourteen", 14.0),
+    ("fifteen", 15.0),
+    ("sixteen", 16.0),
+    ("seventeen", 17.0),
+    ("eighteen", 18.0),
+    ("nineteen", 19.0),
+    ("twenty", 20.0),
+    ("once", 1.0),
+    ("twice", 2.0),
+    ("thrice", 3.0),
+    ("dozen", 12.0),
+];
 
 /// The numbers written in `text`, with thousands separators (`1,000,000`) and decimals; a percentage
 /// also as its fraction (`5%` is 5 and 0.05).
@@ -227,6 +292,9 @@ mod tests {
         assert_eq!(grounding(&call(json!({"a": 41, "b": 0.5})), &conv), Some(1.0));
         // 0.05 is not 0.5: "05" is not a word of the conversation.
         assert_eq!(grounding(&call(json!({"b": 0.05})), &conv), Some(0.5));
+        // Numbers as written, with separators or as a percentage, count whole; numbers in words do not.
+        let conv = [ChatMessage::user("Net income $1,000,000 at 5%, twice.")];
+        assert_eq!(grounding(&call(json!({"income": 1000000, "rate": 0.05, "times": 2})), &conv), Some(2.0 / 3.0));
     }
 
     #[test]
@@ -251,6 +319,25 @@ mod tests {
         assert!(new(&c("loan", json!({"amount": 1_500_000, "rate": 0.05})), after_ny));
         assert!(!new(&c("loan", json!({"amount": 1_400_000, "rate": 0.05})), &[ny]));
         assert_eq!(written_numbers("pay $1,500,000 at 5% for 10.5 years, id b12"), [1_500_000.0, 5.0, 0.05, 10.5]);
+    }
+
+    #[test]
+    fn optional_arguments_are_kept_only_when_stated() {
+        let conv = [ChatMessage::user("Twice a week, top 5 chess players near São Paulo; include stats.")];
+        let schema = json!({"required": ["city"]});
+        let mut c = call(json!({
+            "city": "Lisbon", "times": 2, "top": 5, "game": "Chess", "region": "são paulo", "stats": true,
+            "rating": 2500, "season": "2019-2020", "tags": ["chess", "blitz"], "count": 7, "note": ""
+        }));
+        assert!(drop_unstated_options(&mut c, &schema, &conv));
+        let kept: Vec<&str> = c.args.as_object().unwrap().keys().map(String::as_str).collect();
+        // Required (even made up), a number in words, a written number, a word, a non-ASCII word, a boolean,
+        // an empty string; not a made-up number, a made-up string, a list with a made-up item.
+        assert_eq!(kept, ["city", "times", "top", "game", "region", "stats", "note"]);
+        assert!(!drop_unstated_options(&mut c, &schema, &conv), "nothing more to leave out");
+        let mut c = call(json!({"order": "chronological", "size": "larger"}));
+        let conv = [ChatMessage::user("Sorted chronologically, the large one")];
+        assert!(!drop_unstated_options(&mut c, &json!({}), &conv), "longer and shorter forms of a word count");
     }
 
     #[test]

@@ -84,6 +84,10 @@ pub struct AgentConfig {
     /// request asked for ([`is_new_requested_item`](grounding::is_new_requested_item)); repeat up to the
     /// limit. Small models stop after the first of several requested calls.
     pub propose_more_calls: bool,
+    /// Native format: leave out of each call the optional arguments whose values the conversation does
+    /// not state ([`drop_unstated_options`](grounding::drop_unstated_options)), so that the model can be
+    /// let to write optional arguments (a close bias of 0) without keeping the ones it makes up.
+    pub drop_unstated_options: bool,
 }
 
 impl Default for AgentConfig {
@@ -104,6 +108,7 @@ impl Default for AgentConfig {
             call_after_error: false,
             abstain_below: None,
             propose_more_calls: false,
+            drop_unstated_options: false,
         }
     }
 }

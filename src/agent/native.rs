@@ -20,6 +20,7 @@
 use serde_json::{json, Value};
 
 use super::decision::{hoisted_args, Decision, DecisionOptions, ToolChoice};
+use crate::decode::constraint::{Allowed, BranchBias, BranchPoint};
 use crate::error::{Error, Result};
 use crate::text::tokenizer::Tokenizer;
 use crate::tools::{ToolCall, ToolSpec};
@@ -46,9 +47,76 @@ pub struct NativeTokens {
     /// Tokens that can end a call: the close marker and the tokens that are suffixes of [`FENCE_CLOSE`]
     /// ending in the fence.
     pub call_ends: Vec<u32>,
-    /// Tokens that start with a closing bracket (`}`, `]`, `}}`, `"}`, …), and with a comma (`,`, `",`).
-    pub closers: Vec<u32>,
-    pub commas: Vec<u32>,
+    /// Tokens that can follow a JSON value (see [`ValueEnds`]).
+    pub ends: ValueEnds,
+}
+
+/// The tokens that can follow a JSON value, by what comes after it: a `}` closes an object, a `]` an
+/// array, a `,` adds a key or an item. Each is `[bare, quoted]`: as is (`}`, `}}`, `],`) or after a
+/// string's closing quote in the same token (`"}`, `",`): a string often ends in one token with what
+/// follows it, and inside a string a bare comma goes on with the string.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ValueEnds {
+    pub close_object: [Vec<u32>; 2],
+    pub close_array: [Vec<u32>; 2],
+    pub comma: [Vec<u32>; 2],
+    /// The lone closing quote (allowed only inside a string, where a value can end).
+    pub quote: Vec<u32>,
+}
+
+impl ValueEnds {
+    fn add(&mut self, id: u32, bytes: &[u8]) {
+        if bytes == b"\"" {
+            self.quote.push(id);
+        }
+        let (quoted, rest) = match bytes.strip_prefix(b"\"") {
+            Some(rest) => (1, rest),
+            None => (0, bytes),
+        };
+        match rest.first() {
+            Some(b'}') => self.close_object[quoted].push(id),
+            Some(b']') => self.close_array[quoted].push(id),
+            Some(b',') => self.comma[quoted].push(id),
+            _ => {}
+        }
+    }
+
+    /// Every token that ends a string: the quote alone or with what follows it.
+    fn string_ends(&self) -> Vec<u32> {
+        [&self.quote, &self.close_object[1], &self.close_array[1], &self.comma[1]]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    /// The branch biases where a value can end, in the order the choices nest: inside a string, end it
+    /// or go on at a comma (`end_list`: a list written as one string, "rock, jazz"); then, in the same
+    /// token or the next, close the object (`close`: leave further optional arguments out) or the array
+    /// (`end_list`), or add to it. Zero biases are left out.
+    pub fn branches(&self, close: f32, end_list: f32) -> Vec<BranchBias> {
+        let (in_string, outside) = (Allowed::AnyOf(self.quote.clone()), Allowed::NoneOf(self.quote.clone()));
+        let [object, array, comma] = [&self.close_object, &self.close_array, &self.comma];
+        let sides = [
+            ("end-string", self.string_ends(), &comma[0], end_list, in_string.clone()),
+            ("close", object[1].clone(), &comma[1], close, in_string.clone()),
+            ("end-list", array[1].clone(), &comma[1], end_list, in_string),
+            ("close", object[0].clone(), &comma[0], close, outside.clone()),
+            ("end-list", array[0].clone(), &comma[0], end_list, outside),
+        ];
+        sides
+            .into_iter()
+            .filter(|s| s.3 != 0.0)
+            .map(|(label, tokens, against, bias, when)| BranchBias {
+                label,
+                at: BranchPoint::Anywhere,
+                tokens,
+                against: Some(against.clone()),
+                bias,
+                when,
+            })
+            .collect()
+    }
 }
 
 impl NativeTokens {
@@ -60,7 +128,7 @@ impl NativeTokens {
         };
         let (open, close) = (one(CALL_OPEN)?, one(CALL_CLOSE)?);
         let (mut call_starts, mut call_ends) = (vec![open], vec![close]);
-        let (mut closers, mut commas) = (Vec::new(), Vec::new());
+        let mut ends = ValueEnds::default();
         for id in 0..tok.vocab_size() as u32 {
             if tok.is_special(id) {
                 continue;
@@ -72,16 +140,9 @@ impl NativeTokens {
             if b.ends_with(b"```") && FENCE_CLOSE.as_bytes().ends_with(b) {
                 call_ends.push(id);
             }
-            // A string's closing quote often shares a token with what follows it (`",`, `"}`).
-            let after_quote = b.strip_prefix(b"\"").unwrap_or(b);
-            if after_quote.starts_with(b"}") || after_quote.starts_with(b"]") {
-                closers.push(id);
-            }
-            if after_quote.starts_with(b",") {
-                commas.push(id);
-            }
+            ends.add(id, b);
         }
-        Some(Self { call_starts, call_ends, closers, commas })
+        Some(Self { call_starts, call_ends, ends })
     }
 }
 

@@ -194,6 +194,9 @@ impl Agent {
         if let Some(more) = &grammars.more_calls {
             self.propose_more_calls(messages, &mut decided, more, tools, &mut run.stats)?;
         }
+        if self.config.drop_unstated_options && self.config.format == DecisionFormat::Native {
+            self.drop_unstated_options(messages, &mut decided);
+        }
         let Decided { decision, text, stats, retries } = decided;
         self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
         messages.push(ChatMessage::assistant(text));
@@ -252,6 +255,22 @@ impl Agent {
             decided.decision = Decision::from_calls(decided.decision.thought().to_string(), calls);
         }
         Ok(())
+    }
+
+    /// Leaves out of the decision's calls the optional arguments the conversation does not state; the
+    /// reply kept in the conversation then shows the calls as they are made.
+    fn drop_unstated_options(&self, messages: &[ChatMessage], decided: &mut Decided) {
+        let mut calls = decided.decision.calls();
+        let mut dropped = false;
+        for call in &mut calls {
+            if let Some(tool) = self.executor.tools().get(&call.tool) {
+                dropped |= grounding::drop_unstated_options(call, &tool.spec().parameters, messages);
+            }
+        }
+        if dropped {
+            decided.text = native::render_calls(&calls);
+            decided.decision = Decision::from_calls(decided.decision.thought().to_string(), calls);
+        }
     }
 
     /// Runs the decision's calls into `step.calls`, noting in `run` whether the next step must answer (a

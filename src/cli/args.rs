@@ -198,10 +198,14 @@ pub(crate) struct DecisionArgs {
     /// value for the model, else 0).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) more_calls_bias: Option<f32>,
-    /// Logit bias for closing an object or array of arguments over adding an optional argument or item,
-    /// in a native decision (default: the catalog's value for the model, else 0).
+    /// Logit bias for closing an object of arguments over adding an optional argument, in a native
+    /// decision (default: the catalog's value for the model, else 0).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) close_bias: Option<f32>,
+    /// Logit bias for ending a list (an array, or a string at a comma: "rock, jazz") over adding an item,
+    /// in a native decision (default: the catalog's value for the model, else 0).
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) end_list_bias: Option<f32>,
     /// Under `--tool-choice auto`, turn a first decision into an answer when less than this share of its
     /// first call's argument values are words of the user's messages: the model called a tool that does
     /// not fit (default: the catalog's value for the model, else never; 0 disables).
@@ -211,6 +215,10 @@ pub(crate) struct DecisionArgs {
     /// it when its new values are words of the request (default: the catalog's choice for the model).
     #[arg(long, value_name = "yes|no")]
     pub(crate) propose_more_calls: Option<Toggle>,
+    /// With the native format: leave out of each call the optional arguments whose values the request
+    /// does not state (default: the catalog's choice for the model).
+    #[arg(long, value_name = "yes|no")]
+    pub(crate) drop_unstated_options: Option<Toggle>,
 }
 
 /// `yes` or `no`, for settings whose default comes from the catalog.
@@ -226,6 +234,7 @@ pub(crate) struct DecisionSettings {
     pub(crate) biases: reagent::agent::BranchBiases,
     pub(crate) abstain_below: Option<f32>,
     pub(crate) propose_more_calls: bool,
+    pub(crate) drop_unstated_options: bool,
 }
 
 impl DecisionSettings {
@@ -235,6 +244,7 @@ impl DecisionSettings {
         config.branch_biases = self.biases;
         config.abstain_below = self.abstain_below;
         config.propose_more_calls = self.propose_more_calls;
+        config.drop_unstated_options = self.drop_unstated_options;
     }
 }
 
@@ -243,12 +253,14 @@ impl std::fmt::Display for DecisionSettings {
         let abstain = self.abstain_below.map_or("never".to_string(), |g| g.to_string());
         write!(
             f,
-            "{} format, call bias {}, more-calls bias {}, close bias {}, abstain below {abstain}{}",
+            "{} format, call bias {}, more-calls bias {}, close bias {}, end-list bias {}, abstain below {abstain}{}{}",
             self.format,
             self.biases.call,
             self.biases.more_calls,
             self.biases.close,
-            if self.propose_more_calls { ", proposing more calls" } else { "" }
+            self.biases.end_list,
+            if self.propose_more_calls { ", proposing more calls" } else { "" },
+            if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" }
         )
     }
 }
@@ -284,16 +296,16 @@ impl DecisionArgs {
             call: self.call_bias.unwrap_or(defaults.call_bias),
             more_calls: self.more_calls_bias.unwrap_or(defaults.more_calls_bias),
             close: self.close_bias.unwrap_or(defaults.close_bias),
+            end_list: self.end_list_bias.unwrap_or(defaults.end_list_bias),
         };
         let abstain_below = match self.abstain_below.or(defaults.abstain_below) {
             Some(g) if !(0.0..=1.0).contains(&g) => bail!("--abstain-below must be between 0 and 1, not {g}"),
             g => g.filter(|&g| g > 0.0),
         };
-        let propose_more_calls = match self.propose_more_calls {
-            Some(t) => t == Toggle::Yes,
-            None => defaults.propose_more_calls,
-        };
-        Ok(DecisionSettings { format, biases, abstain_below, propose_more_calls })
+        let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
+        let propose_more_calls = toggle(self.propose_more_calls, defaults.propose_more_calls);
+        let drop_unstated_options = toggle(self.drop_unstated_options, defaults.drop_unstated_options);
+        Ok(DecisionSettings { format, biases, abstain_below, propose_more_calls, drop_unstated_options })
     }
 }
 

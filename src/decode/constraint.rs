@@ -212,6 +212,31 @@ pub struct BranchBias {
     /// value ends, not inside a number or a string that goes on).
     pub against: Option<Vec<u32>>,
     pub bias: f32,
+    /// A further condition on the tokens the grammar allows here (inside a JSON string, where a lone
+    /// closing quote is allowed, or outside one).
+    pub when: Allowed,
+}
+
+/// A condition on the tokens the grammar allows at a point, for a [`BranchBias`] to apply there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Allowed {
+    #[default]
+    Always,
+    /// One of these tokens is allowed.
+    AnyOf(Vec<u32>),
+    /// None of these tokens is allowed.
+    NoneOf(Vec<u32>),
+}
+
+impl Allowed {
+    fn holds(&self, logits: &[f32]) -> bool {
+        let any = |set: &[u32]| set.iter().any(|&t| logits.get(t as usize).is_some_and(|&l| l > f32::NEG_INFINITY));
+        match self {
+            Allowed::Always => true,
+            Allowed::AnyOf(set) => any(set),
+            Allowed::NoneOf(set) => !any(set),
+        }
+    }
 }
 
 /// One application of a [`BranchBias`]: its label and the margin before the bias.
@@ -314,7 +339,7 @@ impl Constraint {
                 BranchPoint::After(t) => self.last == Some(t),
                 BranchPoint::Anywhere => true,
             };
-            if !here {
+            if !here || !b.when.holds(logits) {
                 continue;
             }
             if let Some(against) = &b.against {
@@ -388,21 +413,24 @@ impl Constraint {
 /// A branch between `b.tokens` and `against` where other tokens are allowed too (a string may go on
 /// where its closing quote could be followed by a comma or a bracket in one token): it applies only
 /// when the model's best allowed token is on one of the two sides, and then the biased comparison of
-/// the two sides picks the token that goes first.
+/// the two sides picks the side that goes first: its tokens are raised together, so that the best of them
+/// is on top and their order among themselves (a later branch between them) is kept.
 fn apply_two_sided(b: &BranchBias, against: &[u32], logits: &mut [f32]) -> Option<BranchMargin> {
     let best = |set: &[u32]| {
-        set.iter()
-            .filter_map(|&t| logits.get(t as usize).map(|&l| (t as usize, l)))
-            .filter(|&(_, l)| l > f32::NEG_INFINITY)
-            .max_by(|x, y| x.1.total_cmp(&y.1))
+        set.iter().filter_map(|&t| logits.get(t as usize).copied()).filter(|&l| l > f32::NEG_INFINITY).reduce(f32::max)
     };
-    let (Some((i, inside)), Some((j, outside))) = (best(&b.tokens), best(against)) else { return None };
+    let (Some(inside), Some(outside)) = (best(&b.tokens), best(against)) else { return None };
     let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if inside < top && outside < top {
         return None; // the model goes on with something else (the value is not finished)
     }
-    let winner = if inside + b.bias > outside { i } else { j };
-    logits[winner] = top + 1.0;
+    let (side, best) = if inside + b.bias > outside { (&b.tokens[..], inside) } else { (against, outside) };
+    let raise = top + 1.0 - best;
+    for &t in side {
+        if let Some(l) = logits.get_mut(t as usize).filter(|l| **l > f32::NEG_INFINITY) {
+            *l += raise;
+        }
+    }
     Some(BranchMargin { label: b.label, margin: inside - outside })
 }
 
