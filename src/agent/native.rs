@@ -14,7 +14,7 @@
 //! grammar ([`native_grammar`]): either calls, each naming a registered tool with arguments that satisfy its
 //! schema (an inline `%json` schema per call), or an answer. The `<tool_call>` markers are the tokenizer's
 //! own user-defined tokens, so the choice between calling and answering is made at one token, where a
-//! [`BranchBias`](crate::decode::constraint::BranchBias) sets the threshold (see [`NativeTokens`]).
+//! [`BranchBias`] sets the threshold (see [`NativeTokens`]).
 //! [`parse_native`] reads the output back into the same [`Decision`] the ReAct format produces.
 
 use serde_json::{json, Value};
