@@ -374,14 +374,33 @@ fn branch_bias_takes_the_call_or_answer_choice() {
     assert_eq!(margins[0], margins[1]);
 }
 
+/// Decodes `schema` on the tiny model with the value-end branches at `close` and `end_list`; the value,
+/// its text, and the labels of the branches that applied.
+fn decode_with_value_ends(
+    schema: &Value,
+    close: f32,
+    end_list: f32,
+    max_tokens: usize,
+) -> (Value, String, Vec<&'static str>) {
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let branches = reagent::agent::native::NativeTokens::of(&tok).unwrap().ends.branches(close, end_list);
+    if close == 0.0 {
+        assert!(branches.iter().all(|b| b.label != "close"), "a zero bias adds no branch");
+    }
+    let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(branches);
+    let prompt = tok.encode("hello", false).unwrap();
+    let params = GenerateParams { max_tokens, ..GenerateParams::default() };
+    let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
+    (v, g.text, c.stats().branch_margins.iter().map(|m| m.label).collect())
+}
+
 /// The closing bias applies only between values, where a comma and a closing bracket compete: a large one
 /// leaves optional arguments out, a large negative one puts them in, and numbers are never cut by it.
 #[test]
 fn closing_bias_decides_optional_arguments_only_between_values() {
-    let mut model = tiny_model(Arch::Qwen2);
-    let tok = model.tokenizer().clone();
-    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let t = reagent::agent::native::NativeTokens::of(&tok).unwrap();
     let schema = json!({
         "x-guidance": {"whitespace_flexible": false},
         "type": "object",
@@ -389,16 +408,11 @@ fn closing_bias_decides_optional_arguments_only_between_values() {
         "required": ["a"],
         "additionalProperties": false
     });
-    let prompt = tok.encode("hello", false).unwrap();
     for (bias, with_b) in [(100.0f32, false), (-100.0, true)] {
-        let branches = t.ends.branches(bias, 0.0);
-        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(branches);
-        let params = GenerateParams { max_tokens: 60, ..GenerateParams::default() };
-        let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
-        let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
-        assert_eq!(v.get("b").is_some(), with_b, "bias {bias}: {}", g.text);
-        assert!((100..=999).contains(&v["a"].as_i64().unwrap()), "three digits, never cut: {}", g.text);
-        assert!(c.stats().branch_margins.iter().all(|m| m.label == "close"));
+        let (v, text, labels) = decode_with_value_ends(&schema, bias, 0.0, 60);
+        assert_eq!(v.get("b").is_some(), with_b, "bias {bias}: {text}");
+        assert!((100..=999).contains(&v["a"].as_i64().unwrap()), "three digits, never cut: {text}");
+        assert!(labels.iter().all(|&l| l == "close"));
     }
 }
 
@@ -407,10 +421,6 @@ fn closing_bias_decides_optional_arguments_only_between_values() {
 /// bias is zero.
 #[test]
 fn end_list_bias_decides_strings_at_commas_and_array_items() {
-    let mut model = tiny_model(Arch::Qwen2);
-    let tok = model.tokenizer().clone();
-    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let t = reagent::agent::native::NativeTokens::of(&tok).unwrap();
     let schema = json!({
         "x-guidance": {"whitespace_flexible": false},
         "type": "object",
@@ -421,23 +431,16 @@ fn end_list_bias_decides_strings_at_commas_and_array_items() {
         "required": ["s", "n"],
         "additionalProperties": false
     });
-    let prompt = tok.encode("hello", false).unwrap();
     for bias in [100.0f32, -100.0] {
-        let branches = t.ends.branches(0.0, bias);
-        assert!(branches.iter().all(|b| b.label != "close"), "a zero bias adds no branch");
-        let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(branches);
-        let params = GenerateParams { max_tokens: 80, ..GenerateParams::default() };
-        let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
-        let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
+        let (v, text, labels) = decode_with_value_ends(&schema, 0.0, bias, 80);
         let (s, n) = (v["s"].as_str().unwrap(), v["n"].as_array().unwrap());
         if bias > 0.0 {
-            assert_eq!(s, "a", "a string ends where it could go on at a comma: {}", g.text);
-            assert_eq!(n.len(), 1, "an array ends after its first item: {}", g.text);
+            assert_eq!(s, "a", "a string ends where it could go on at a comma: {text}");
+            assert_eq!(n.len(), 1, "an array ends after its first item: {text}");
         } else {
-            assert_eq!(s, "a,a,a,a,a,a", "a string goes on at a comma: {}", g.text);
-            assert_eq!(n.len(), 6, "an array takes items up to its limit: {}", g.text);
+            assert_eq!(s, "a,a,a,a,a,a", "a string goes on at a comma: {text}");
+            assert_eq!(n.len(), 6, "an array takes items up to its limit: {text}");
         }
-        let labels: Vec<_> = c.stats().branch_margins.iter().map(|m| m.label).collect();
         assert!(labels.contains(&"end-string") && labels.contains(&"end-list"), "{labels:?}");
     }
 }
