@@ -20,11 +20,8 @@ usage: replay_optional_args.py OPEN.jsonl TASKS.jsonl SCORE_PY [--python PY] [--
 import argparse
 import collections
 import json
-import os
-import subprocess
-import tempfile
 
-from replay_proposals import leaf_words, leaves, words, written_numbers
+from replay_proposals import leaf_words, leaves, words, written_numbers, wrong_ids
 
 NUMBER_WORDS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -91,37 +88,33 @@ def main():
     a = ap.parse_args()
     runs = [json.loads(l) for l in open(a.open)]
     tasks = {t["id"]: t for t in map(json.loads, open(a.tasks))}
-    with tempfile.TemporaryDirectory() as d:
-        for numbers in (False, True):
-            for name, rule in RULES.items():
-                path, errs = os.path.join(d, "r.jsonl"), os.path.join(d, "e.jsonl")
-                with open(path, "w") as f:
-                    for r in runs:
-                        task, calls = tasks[r["id"]], r["calls"]
-                        ev = Evidence(task)
-                        g = ev.grounding(calls[0], numbers) if calls else None
-                        if g is not None and a.abstain_below > 0 and g < a.abstain_below:
-                            calls = []
-                        fns = {fn["name"]: fn.get("parameters", {}) for fn in task["functions"]}
-                        out = []
-                        for c in calls:
-                            required = set(fns.get(c["name"], {}).get("required", []))
-                            args = c["arguments"]
-                            if isinstance(args, dict):
-                                args = {k: v for k, v in args.items() if k in required or rule(ev, v)}
-                            out.append({"name": c["name"], "arguments": args})
-                        f.write(json.dumps({**r, "calls": out}) + "\n")
-                subprocess.run([a.python, a.score_py, path, "--partial", "--errors", errs], check=True,
-                               capture_output=True)
-                wrong = {json.loads(l)["id"] for l in open(errs)}
-                per = collections.defaultdict(list)
-                for r in runs:
-                    per[r["category"]].append(r["id"] not in wrong)
-                accs = {c: 100 * sum(v) / len(v) for c, v in sorted(per.items())}
-                overall = sum(accs.values()) / len(accs)
-                label = f"abstain on {'words+numbers' if numbers else 'words'}, {name}"
-                print(f"{label:60} {len(runs)} tasks  overall {overall:5.2f}  " +
-                      "  ".join(f"{c[:10]} {x:.1f}" for c, x in accs.items()))
+    for numbers in (False, True):
+        for name, rule in RULES.items():
+            lines = []
+            for r in runs:
+                task, calls = tasks[r["id"]], r["calls"]
+                ev = Evidence(task)
+                g = ev.grounding(calls[0], numbers) if calls else None
+                if g is not None and a.abstain_below > 0 and g < a.abstain_below:
+                    calls = []
+                fns = {fn["name"]: fn.get("parameters", {}) for fn in task["functions"]}
+                out = []
+                for c in calls:
+                    required = set(fns.get(c["name"], {}).get("required", []))
+                    args = c["arguments"]
+                    if isinstance(args, dict):
+                        args = {k: v for k, v in args.items() if k in required or rule(ev, v)}
+                    out.append({"name": c["name"], "arguments": args})
+                lines.append({**r, "calls": out})
+            wrong = wrong_ids(a.python, a.score_py, lines)
+            per = collections.defaultdict(list)
+            for r in runs:
+                per[r["category"]].append(r["id"] not in wrong)
+            accs = {c: 100 * sum(v) / len(v) for c, v in sorted(per.items())}
+            overall = sum(accs.values()) / len(accs)
+            label = f"abstain on {'words+numbers' if numbers else 'words'}, {name}"
+            print(f"{label:60} {len(runs)} tasks  overall {overall:5.2f}  " +
+                  "  ".join(f"{c[:10]} {x:.1f}" for c, x in accs.items()))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,16 @@ def grounding(call, text):
     return sum(scores) / len(scores) if scores else None
 
 
+def wrong_ids(python, score_py, lines):
+    """The ids BFCL's checker scores wrong among result `lines` (dicts)."""
+    with tempfile.TemporaryDirectory() as d:
+        path, errs = os.path.join(d, "r.jsonl"), os.path.join(d, "e.jsonl")
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in lines)
+        subprocess.run([python, score_py, path, "--partial", "--errors", errs], check=True, capture_output=True)
+        return {json.loads(l)["id"] for l in open(errs)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("forced")
@@ -119,16 +129,9 @@ def main():
         texts[t["id"]] = "\n".join(m["content"].lower() for m in msgs if m["role"] in ("user", "tool"))
     # Correctness of every prefix of every task's calls.
     correct = {}
-    with tempfile.TemporaryDirectory() as d:
-        for k in range(max(len(r["calls"]) for r in runs) + 1):
-            path, errs = os.path.join(d, f"k{k}.jsonl"), os.path.join(d, f"k{k}.err.jsonl")
-            with open(path, "w") as f:
-                for r in runs:
-                    f.write(json.dumps({**r, "calls": r["calls"][:k]}) + "\n")
-            subprocess.run([a.python, a.score_py, path, "--partial", "--errors", errs], check=True,
-                           capture_output=True)
-            wrong = {json.loads(l)["id"] for l in open(errs)}
-            correct[k] = {r["id"]: r["id"] not in wrong for r in runs}
+    for k in range(max(len(r["calls"]) for r in runs) + 1):
+        wrong = wrong_ids(a.python, a.score_py, [{**r, "calls": r["calls"][:k]} for r in runs])
+        correct[k] = {r["id"]: r["id"] not in wrong for r in runs}
 
     def replay(propose):
         per = collections.defaultdict(list)
