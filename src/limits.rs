@@ -86,13 +86,32 @@ pub fn clear_interrupt() {
 /// Without it, [`with_memory_budget`] runs its work unbounded.
 pub struct BudgetAllocator;
 
-/// A thread's budget: bytes it holds, the cap, and where to say it was exceeded.
+/// A thread's budget: bytes it holds, the cap, the stack it may use, and where to say which was exceeded.
 #[derive(Clone, Copy)]
 struct Budget {
     used: usize,
     cap: usize,
-    exceeded: *const std::sync::atomic::AtomicBool,
+    /// An address near the top of the thread's stack, and how far below it an allocation may be made.
+    stack_top: usize,
+    stack_cap: usize,
+    exceeded: *const std::sync::atomic::AtomicU8,
 }
+
+/// What a budgeted thread went over ([`with_memory_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exceeded {
+    /// Live heap memory past the cap.
+    Memory,
+    /// Stack deeper than [`BUDGET_STACK_BYTES`] at an allocation: a recursion without end, such as a chat
+    /// template printing a namespace stored inside itself (`{% set ns.a = ns %}{{ ns }}`), which no fuel
+    /// counts because it runs inside one instruction.
+    Stack,
+}
+
+/// Stack a budgeted thread may use, checked at each of its allocations (its thread reserves twice this).
+pub const BUDGET_STACK_BYTES: usize = 64 << 20;
+
+const NOT_EXCEEDED: u8 = 0;
 
 thread_local! {
     static BUDGET: std::cell::Cell<Option<Budget>> = const { std::cell::Cell::new(None) };
@@ -136,11 +155,19 @@ fn charge(bytes: usize) {
     }
     let Ok(Some(mut b)) = BUDGET.try_with(|c| c.get()) else { return };
     b.used = b.used.saturating_add(bytes);
-    if b.used > b.cap {
+    let here = std::ptr::addr_of!(b) as usize;
+    let over = if b.used > b.cap {
+        Some(Exceeded::Memory)
+    } else if b.stack_top.abs_diff(here) > b.stack_cap {
+        Some(Exceeded::Stack)
+    } else {
+        None
+    };
+    if let Some(over) = over {
         // Over budget: say so and stop this thread for good, before the allocation is attempted. Its
-        // caller has stopped waiting for it; what it holds (at most the cap) stays allocated.
+        // caller has stopped waiting for it; what it holds (at most the caps) stays allocated.
         // SAFETY: the flag outlives the thread (the thread owns an `Arc` of it; see with_memory_budget).
-        unsafe { (*b.exceeded).store(true, std::sync::atomic::Ordering::SeqCst) };
+        unsafe { (*b.exceeded).store(over as u8 + 1, std::sync::atomic::Ordering::SeqCst) };
         loop {
             std::thread::park();
         }
@@ -157,22 +184,33 @@ fn refund(bytes: usize) {
     });
 }
 
-/// Runs `f` holding it to `cap` bytes of live heap memory when [`BudgetAllocator`] is the global
-/// allocator (on a thread of its own; `None` if `f` went over, the thread then left parked), else just
-/// runs it.
-pub fn with_memory_budget<T: Send + 'static>(cap: usize, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    use std::sync::atomic::{AtomicBool, Ordering};
+/// Runs `f` holding it to `cap` bytes of live heap memory and [`BUDGET_STACK_BYTES`] of stack when
+/// [`BudgetAllocator`] is the global allocator (on a thread of its own; an error says which `f` went over,
+/// the thread then left parked), else just runs it.
+pub fn with_memory_budget<T: Send + 'static>(
+    cap: usize,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, Exceeded> {
+    use std::sync::atomic::{AtomicU8, Ordering};
     if !BUDGET_ALLOCATOR.load(Ordering::Relaxed) {
-        return Some(f());
+        return Ok(f());
     }
-    let exceeded = std::sync::Arc::new(AtomicBool::new(false));
+    let exceeded = std::sync::Arc::new(AtomicU8::new(NOT_EXCEEDED));
     let flag = exceeded.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     // A big stack too: a template engine recursing to its own depth limit needs more than the default
-    // 2 MiB of a spawned thread (a fuzzed chat template overflowed it and aborted the process).
+    // 2 MiB of a spawned thread (a fuzzed chat template overflowed it and aborted the process). Half of it
+    // is the stack budget, so a recursion without end is stopped at an allocation well before the end.
     let spawned =
-        std::thread::Builder::new().name("reagent-budget".into()).stack_size(COMPILE_STACK_BYTES).spawn(move || {
-            let budget = Budget { used: 0, cap, exceeded: std::sync::Arc::as_ptr(&flag) };
+        std::thread::Builder::new().name("reagent-budget".into()).stack_size(2 * BUDGET_STACK_BYTES).spawn(move || {
+            let top = 0u8;
+            let budget = Budget {
+                used: 0,
+                cap,
+                stack_top: std::ptr::addr_of!(top) as usize,
+                stack_cap: BUDGET_STACK_BYTES,
+                exceeded: std::sync::Arc::as_ptr(&flag),
+            };
             BUDGET.with(|c| c.set(Some(budget)));
             let out = f();
             BUDGET.with(|c| c.set(None));
@@ -180,13 +218,16 @@ pub fn with_memory_budget<T: Send + 'static>(cap: usize, f: impl FnOnce() -> T +
             drop(flag);
         });
     if spawned.is_err() {
-        return None;
+        return Err(Exceeded::Memory);
     }
     loop {
         match rx.recv_timeout(std::time::Duration::from_millis(5)) {
-            Ok(out) => return Some(out),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !exceeded.load(Ordering::SeqCst) => continue,
-            Err(_) => return None,
+            Ok(out) => return Ok(out),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) if exceeded.load(Ordering::SeqCst) == NOT_EXCEEDED => {
+                continue
+            }
+            Err(_) if exceeded.load(Ordering::SeqCst) == Exceeded::Stack as u8 + 1 => return Err(Exceeded::Stack),
+            Err(_) => return Err(Exceeded::Memory),
         }
     }
 }

@@ -77,6 +77,10 @@ fn gguf_cases() -> Vec<Case> {
     let bomb_string =
         "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}";
     let bomb_repeat = "{{ 'x' * 100000000000 }}";
+    // A namespace stored inside itself, then printed or serialised: a recursion without end in one instruction.
+    let cycle_print = "{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}";
+    let cycle_json = "{% set ns = namespace(a=1) %}{% set ns.a = [ns] %}{{ ns|tojson }}";
+    let cycle_pair = "{% set p = namespace() %}{% set q = namespace(p=p) %}{% set p.q = q %}{{ p ~ '' }}";
     let meta: Vec<(&str, TinySpec, &[&str])> = vec![
         ("block_count_string", with_meta(l, "llama.block_count", s("two")), &["llama.block_count"]),
         ("block_count_zero", with_meta(l, "llama.block_count", Value::U32(0)), &["llama.block_count"]),
@@ -147,6 +151,13 @@ fn gguf_cases() -> Vec<Case> {
         ("template_list_bomb", with_meta(l, "tokenizer.chat_template", s(bomb_list)), &["chat template"]),
         ("template_string_bomb", with_meta(l, "tokenizer.chat_template", s(bomb_string)), &["chat template"]),
         ("template_repeat_bomb", with_meta(l, "tokenizer.chat_template", s(bomb_repeat)), &["chat template"]),
+        (
+            "template_cycle_print",
+            with_meta(l, "tokenizer.chat_template", s(cycle_print)),
+            &["chat template", "recurses"],
+        ),
+        ("template_cycle_json", with_meta(l, "tokenizer.chat_template", s(cycle_json)), &["chat template", "recurses"]),
+        ("template_cycle_pair", with_meta(l, "tokenizer.chat_template", s(cycle_pair)), &["chat template", "recurses"]),
         ("template_syntax", with_meta(l, "tokenizer.chat_template", s("{% for %}")), &["chat template"]),
         (
             "template_raises",

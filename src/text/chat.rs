@@ -212,10 +212,14 @@ impl ChatTemplate {
             })
         });
         match rendered {
-            Some(Ok(text)) => Ok(text),
-            Some(Err(e)) => Err(self.error(format!("rendering failed: {e}"), Some(e))),
-            None => {
+            Ok(Ok(text)) => Ok(text),
+            Ok(Err(e)) => Err(self.error(format!("rendering failed: {e}"), Some(e))),
+            Err(crate::limits::Exceeded::Memory) => {
                 Err(self.error(format!("rendering failed: it needs more than {} MiB", TEMPLATE_MEMORY >> 20), None))
+            }
+            Err(crate::limits::Exceeded::Stack) => {
+                Err(self
+                    .error("rendering failed: it recurses without end (a value that contains itself?)".into(), None))
             }
         }
     }
