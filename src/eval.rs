@@ -170,6 +170,49 @@ pub struct EvalOptions {
     /// enough to flip near ties, so a task's result would depend on the task before it, and a resumed
     /// eval would not match an uninterrupted one.
     pub reuse_across_tasks: bool,
+    /// Where each task's agent events go, as they happen (`reagent eval --trace`).
+    pub events: Option<EventLog>,
+}
+
+/// A shared sink for the agent events of every task of an eval: one JSON line per event,
+/// `{"task": ID, "event": …}`, written as it happens, so an interrupted eval keeps what it did. The first
+/// write error is kept and returned by [`run_eval`] at the end of the task it happened in.
+#[derive(Clone)]
+pub struct EventLog {
+    path: std::path::PathBuf,
+    sink: Arc<std::sync::Mutex<(std::fs::File, Option<std::io::Error>)>>,
+}
+
+impl EventLog {
+    /// Creates (or truncates) the file at `path`.
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+        Ok(Self { path: path.to_path_buf(), sink: Arc::new(std::sync::Mutex::new((file, None))) })
+    }
+
+    fn write(&self, task: &str, event: &crate::agent::AgentEvent) {
+        let mut guard = self.sink.lock().unwrap_or_else(|e| e.into_inner());
+        let (out, error) = &mut *guard;
+        if error.is_some() {
+            return;
+        }
+        // One write per line (the file is unbuffered): a line is never split by an interruption mid-way.
+        let line = serde_json::json!({ "task": task, "event": event }).to_string() + "\n";
+        if let Err(e) = out.write_all(line.as_bytes()) {
+            *error = Some(e);
+        }
+    }
+
+    fn take_error(&self) -> Option<Error> {
+        let error = self.sink.lock().unwrap_or_else(|e| e.into_inner()).1.take();
+        error.map(|e| Error::io(&self.path, e))
+    }
+}
+
+impl std::fmt::Debug for EventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventLog")
+    }
 }
 
 /// One call as recorded.
@@ -371,7 +414,12 @@ pub fn run_eval(
                 if !opts.reuse_across_tasks {
                     driver.forget();
                 }
-                let mut agent = Agent::builder().boxed_driver(driver).tools(bound).config(config).build()?;
+                let mut builder = Agent::builder().boxed_driver(driver).tools(bound).config(config);
+                if let Some(log) = &opts.events {
+                    let (log, id) = (log.clone(), task.id.clone());
+                    builder = builder.events(move |e: &crate::agent::AgentEvent| log.write(&id, e));
+                }
+                let mut agent = builder.build()?;
                 let messages = match (&task.messages, &task.question) {
                     (Some(m), _) => m.clone(),
                     (None, Some(q)) => vec![ChatMessage::user(q.clone())],
@@ -388,6 +436,9 @@ pub fn run_eval(
             }
         };
         write_line(out, &result)?;
+        if let Some(e) = opts.events.as_ref().and_then(EventLog::take_error) {
+            return Err(e);
+        }
         results.push(result);
         progress(results.len(), total);
     }

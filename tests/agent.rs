@@ -424,20 +424,35 @@ fn proposed_calls_are_kept_only_when_the_request_asks_for_them() {
         propose_more_calls: true,
         ..AgentConfig::default()
     };
+    let proposals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let run = |script: Vec<ScriptItem>, config: AgentConfig| {
         let driver = ScriptedDriver::new(script);
         let log = driver.log();
-        let mut a = Agent::builder().driver(driver).tool(calc()).config(config).build().unwrap();
+        let sink = proposals.clone();
+        sink.lock().unwrap().clear();
+        let mut a = Agent::builder()
+            .driver(driver)
+            .tool(calc())
+            .config(config)
+            .events(move |e: &AgentEvent| {
+                if let AgentEvent::CallProposed { call, kept, .. } = e {
+                    sink.lock().unwrap().push((call.args["expression"].as_str().unwrap().to_string(), *kept));
+                }
+            })
+            .build()
+            .unwrap();
         let t = a.run("Add 2+3 and 4+5 and 6+7").unwrap();
         let calls: Vec<String> =
             t.steps[0].calls.iter().map(|c| c.call.args["expression"].as_str().unwrap().to_string()).collect();
         let seen = log.lock().unwrap().last().unwrap().clone();
         (t, calls, seen)
     };
-    // Two grounded proposals, up to the limit of three calls.
+    let proposed = || proposals.lock().unwrap().clone();
+    // Two grounded proposals, up to the limit of three calls; each is an event.
     let script = vec![native_call("2+3").into(), more("4+5"), more("6+7"), "5, 9 and 13".into()];
     let (t, calls, seen) = run(script, config.clone());
     assert_eq!(calls, ["2+3", "4+5", "6+7"]);
+    assert_eq!(proposed(), [("4+5".to_string(), true), ("6+7".to_string(), true)]);
     assert_eq!(t.final_answer.as_deref(), Some("5, 9 and 13"));
     let kept = &seen.iter().find(|m| m.role == reagent::Role::Assistant).unwrap().content;
     assert_eq!(kept.matches("<tool_call>").count(), 3, "the conversation keeps the proposed calls: {kept}");
@@ -445,6 +460,7 @@ fn proposed_calls_are_kept_only_when_the_request_asks_for_them() {
     let script = vec![native_call("2+3").into(), more("8+8"), "5".into()];
     let (_, calls, _) = run(script, config.clone());
     assert_eq!(calls, ["2+3"]);
+    assert_eq!(proposed(), [("8+8".to_string(), false)], "the rejected proposal is reported");
     // A repeat is no new item either.
     let script = vec![native_call("2+3").into(), more("2+3"), "5".into()];
     let (_, calls, _) = run(script, config.clone());

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use reagent::agent::{AgentConfig, ScriptedDriver};
 use reagent::eval::{
-    finished_ids, load_tasks, matches_expected, run_eval, EvalOptions, ExpectedCall, RecordedCall, Summary,
+    finished_ids, load_tasks, matches_expected, run_eval, EvalOptions, EventLog, ExpectedCall, RecordedCall, Summary,
 };
 use reagent::ToolSpec;
 use serde_json::json;
@@ -83,7 +83,14 @@ fn dry_run_records_first_decisions_and_resume_skips_finished_tasks() {
         call("get_weather", json!({"city": "Kyoto", "unit": "fahrenheit"})),
         json!({"thought": "t", "type": "final_answer", "answer": "no"}).to_string(),
     ];
-    let opts = EvalOptions { dry_run: true, limit: Some(3), agent: AgentConfig::default(), ..Default::default() };
+    let trace = common::scratch().join("eval-trace.jsonl");
+    let opts = EvalOptions {
+        dry_run: true,
+        limit: Some(3),
+        agent: AgentConfig::default(),
+        events: Some(EventLog::create(&trace).unwrap()),
+        ..Default::default()
+    };
     let out_path = common::scratch().join("eval-out.jsonl");
     let mut out = std::fs::File::create(&out_path).unwrap();
     let mut seen = Vec::new();
@@ -96,6 +103,15 @@ fn dry_run_records_first_decisions_and_resume_skips_finished_tasks() {
     assert_eq!(results[2].calls, []);
     assert_eq!(results[2].stop_reason, "final_answer");
     assert_eq!(results[0].stop_reason, "first_decision");
+    // The trace has each task's events in order, under its id: one run started and one decision each.
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |kind: &str| -> Vec<&str> {
+        lines.iter().filter(|l| l["event"]["event"] == kind).map(|l| l["task"].as_str().unwrap()).collect()
+    };
+    let ids: Vec<&str> = tasks[..3].iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(of("run_started"), ids);
+    assert_eq!(of("decision_extracted"), ids);
     // The file holds the same lines; a cut-off last line (an interrupted write) is dropped on resume.
     let mut text = std::fs::read_to_string(&out_path).unwrap();
     text.push_str("{\"id\":\"single-04\",\"cal");

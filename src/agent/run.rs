@@ -192,7 +192,7 @@ impl Agent {
         }
         // After abstention, which looks at the first call only: a dropped decision needs no more calls.
         if let Some(more) = &grammars.more_calls {
-            self.propose_more_calls(messages, &mut decided, more, tools, &mut run.stats)?;
+            self.propose_more_calls(step_no, messages, &mut decided, more, tools, &mut run.stats)?;
         }
         if self.config.drop_unstated_options && self.config.format == DecisionFormat::Native {
             self.drop_unstated_options(messages, &mut decided);
@@ -218,6 +218,7 @@ impl Agent {
     /// proposals' tokens count in the step's figures.
     fn propose_more_calls(
         &mut self,
+        step: usize,
         messages: &[ChatMessage],
         decided: &mut Decided,
         grammar: &Grammar,
@@ -245,7 +246,9 @@ impl Agent {
                 _ => break,
             };
             let [call] = proposed.as_slice() else { break };
-            if self.check_call(call).is_err() || !grounding::is_new_requested_item(call, &calls, messages) {
+            let kept = self.check_call(call).is_ok() && grounding::is_new_requested_item(call, &calls, messages);
+            self.emit(AgentEvent::CallProposed { step, call: call.clone(), kept });
+            if !kept {
                 break;
             }
             calls.push(call.clone());

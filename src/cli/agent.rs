@@ -246,6 +246,7 @@ fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
         dry_run: a.dry_run,
         limit: a.limit,
         reuse_across_tasks: a.reuse_across_tasks,
+        events: a.trace.as_deref().map(reagent::eval::EventLog::create).transpose()?,
         agent: AgentConfig { first_decision_calls: a.first_call, call_after_error: a.first_call, ..a.agent.config()? },
     })
 }

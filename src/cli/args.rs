@@ -57,6 +57,10 @@ pub(crate) struct EvalArgs {
     /// Write the summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) summary_json: Option<PathBuf>,
+    /// Write every task's agent events to this file as JSON lines ({"task": ID, "event": …}), as they
+    /// happen: the decisions, dropped and proposed calls, retries.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) agent: AgentArgs,
     /// Under `--tool-choice auto`, the first decision must call a tool, and so must the decision after a

@@ -159,6 +159,10 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
             let share = (grounding * 100.0).round();
             paint("33", format!("   ✗ {} dropped: {share}% of its values are the user's words", names.join(", ")))
         }
+        CallProposed { call, kept, .. } => {
+            let verdict = if *kept { "kept" } else { "left out: not a new item of the request" };
+            paint("2", format!("   + proposed {} {}: {verdict}", call.tool, call.args))
+        }
         FinalAnswer { answer, .. } => paint("1;32", format!("answer: {answer}")),
         RunFailed { reason } => paint("31", format!("stopped: {reason}")),
     };
