@@ -472,8 +472,8 @@ fn proposed_calls_are_kept_only_when_the_request_asks_for_them() {
 }
 
 /// Unstated optional arguments: with the setting on, a native call keeps its required arguments and the
-/// optional ones the request states (a word of it, a longer form of one, a number in words) and loses the
-/// made-up ones, both in the call that runs and in the reply kept in the conversation; off, it runs as
+/// optional ones the request states (a word of it, a longer form of one, a number in words, a boolean whose
+/// parameter it names) and loses the made-up ones, both in the call that runs and in the reply kept in the conversation; off, it runs as
 /// decided.
 #[test]
 fn optional_arguments_the_request_does_not_state_are_left_out() {
@@ -482,7 +482,7 @@ fn optional_arguments_the_request_does_not_state_are_left_out() {
         "properties": {
             "dish": {"type": "string"}, "diet": {"type": "string"}, "servings": {"type": "integer"},
             "sort": {"type": "string"}, "season": {"type": "string"}, "max_minutes": {"type": "integer"},
-            "quick": {"type": "boolean"}
+            "quick": {"type": "boolean"}, "spicy": {"type": "boolean"}
         },
         "required": ["dish"]
     });
@@ -495,7 +495,7 @@ fn optional_arguments_the_request_does_not_state_are_left_out() {
         })
     };
     let args = json!({"dish": "lasagna", "diet": "vegan", "servings": 3, "sort": "chronological",
-                      "season": "2019-2020", "max_minutes": 45, "quick": true});
+                      "season": "2019-2020", "max_minutes": 45, "quick": true, "spicy": true});
     let decided = format!("<tool_call>\n{}\n</tool_call>", json!({"name": "recipe", "arguments": args}));
     for on in [true, false] {
         let config = AgentConfig {
@@ -506,7 +506,7 @@ fn optional_arguments_the_request_does_not_state_are_left_out() {
         let driver = ScriptedDriver::new(vec![decided.clone(), "Here it is.".into()]);
         let log = driver.log();
         let mut a = Agent::builder().driver(driver).tool(recipe()).config(config).build().unwrap();
-        a.run("A vegan lasagna for three, sorted chronologically").unwrap();
+        a.run("A quick vegan lasagna for three, sorted chronologically").unwrap();
         let ran = seen_args.lock().unwrap().pop().unwrap();
         let kept =
             log.lock().unwrap().last().unwrap().iter().find(|m| m.role == reagent::Role::Assistant).unwrap().clone();

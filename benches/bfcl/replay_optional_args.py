@@ -29,6 +29,10 @@ NUMBER_WORDS = {w: i for i, w in enumerate(
 NUMBER_WORDS.update({"once": 1, "twice": 2, "thrice": 3, "dozen": 12})
 
 
+FUNCTION_WORDS = set("a an the of in on at to for and or by with from is are be as it its this that my me i you your "
+                     "we our".split())
+
+
 class Evidence:
     """The user and tool turns, as `Evidence` in src/agent/grounding.rs."""
 
@@ -68,13 +72,26 @@ class Evidence:
         def stem(w):
             return alpha(w) and any(alpha(k) and (k.startswith(w) or w.startswith(k)) for k in self.known)
 
-        return any(self.found(w) or stem(w) for w in leaf_words(l))
+        ws = leaf_words(l)
+        content = [w for w in ws if w not in FUNCTION_WORDS] or ws
+        return any(self.found(w) or stem(w) for w in content)
+
+    def names(self, parameter):
+        """`Evidence::names`: a word of the parameter's name, or one sharing its first four letters."""
+        return any(self.found(w) or (len(w) >= 4 and any(k.startswith(w[:4]) for k in self.known))
+                   for w in words(parameter.lower()))
+
+    def keeps_boolean(self, name, value, schema):
+        """An optional boolean is kept at its default, or when the turns name its parameter."""
+        default = schema.get("properties", {}).get(name, {}).get("default")
+        return (default is not None and default == value) or self.names(name)
 
 
 RULES = {
-    "all kept": lambda ev, v: True,
-    "kept when every word is grounded": lambda ev, v: all(ev.grounds(l) for l in leaves(v)),
-    "kept when stated (the rule)": lambda ev, v: all(ev.states(l) for l in leaves(v)),
+    "all kept": lambda ev, k, v, schema: True,
+    "kept when every word is grounded": lambda ev, k, v, schema: all(ev.grounds(l) for l in leaves(v)),
+    "kept when stated (the rule)": lambda ev, k, v, schema: (
+        ev.keeps_boolean(k, v, schema) if isinstance(v, bool) else all(ev.states(l) for l in leaves(v))),
 }
 
 
@@ -103,7 +120,8 @@ def main():
                     required = set(fns.get(c["name"], {}).get("required", []))
                     args = c["arguments"]
                     if isinstance(args, dict):
-                        args = {k: v for k, v in args.items() if k in required or rule(ev, v)}
+                        schema = fns.get(c["name"], {})
+                        args = {k: v for k, v in args.items() if k in required or rule(ev, k, v, schema)}
                     out.append({"name": c["name"], "arguments": args})
                 lines.append({**r, "calls": out})
             wrong = wrong_ids(a.python, a.score_py, lines)

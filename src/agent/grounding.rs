@@ -73,9 +73,11 @@ pub fn is_new_requested_item(call: &ToolCall, earlier: &[ToolCall], conversation
 /// the user and tool turns do not state, and says whether it left any out.
 ///
 /// A value is stated, leniently, when each of its scalars has a word that occurs in the turns (also as a
-/// longer or shorter form of a word: "chronological" for "chronologically"), or is a number written there
-/// (with separators, as a percentage, or in words: "three", "twice"). Booleans, nulls and empty strings
-/// carry no evidence and are kept. A small model either leaves out optional arguments the request does
+/// longer or shorter form of a word: "chronological" for "chronologically"), other than a function word
+/// ("the" does not state "The Great Gatsby"), or is a number written there (with separators, as a
+/// percentage, or in words: "three", "twice"). A boolean carries no evidence of its own: it is kept when
+/// it is the parameter's default or the turns name the parameter (a word of its name, or one sharing its
+/// first four letters: "detailed" for `detail`); nulls and empty strings are kept. A small model either leaves out optional arguments the request does
 /// state ("vegan", "5 players", "settled") or, left to add them, fills others with made-up values
 /// (`"z": 0`, `"season": "2019-2020"`); letting it write them and keeping only the stated ones gets the
 /// first without the second.
@@ -85,7 +87,16 @@ pub fn drop_unstated_options(call: &mut ToolCall, schema: &Value, conversation: 
         schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
     let evidence = Evidence::of(conversation);
     let before = args.len();
-    args.retain(|name, value| required.contains(name.as_str()) || leaves(value).iter().all(|l| evidence.states(l)));
+    args.retain(|name, value| {
+        required.contains(name.as_str())
+            || match value {
+                Value::Bool(_) => {
+                    let default = schema.get("properties").and_then(|p| p.get(name)).and_then(|p| p.get("default"));
+                    default == Some(value) || evidence.names(name)
+                }
+                _ => leaves(value).iter().all(|l| evidence.states(l)),
+            }
+    });
     args.len() < before
 }
 
@@ -114,8 +125,7 @@ impl Evidence {
     /// occur anywhere in the text.
     fn words_found(&self, leaf: &Value) -> (usize, usize) {
         let ws = leaf_words(leaf);
-        let found = ws.iter().filter(|w| self.known.contains(*w) || (!w.is_ascii() && self.text.contains(w.as_str())));
-        (found.count(), ws.len())
+        (ws.iter().filter(|w| self.found(w)).count(), ws.len())
     }
 
     /// Whether every word of a leaf value occurs in the text (a number also when it equals one written
@@ -135,8 +145,29 @@ impl Evidence {
         let stem_of = |w: &str| {
             alpha(w) && self.known.iter().any(|k| alpha(k) && (k.starts_with(w) || w.starts_with(k.as_str())))
         };
-        let (found, _) = self.words_found(leaf);
-        found > 0 || leaf_words(leaf).iter().any(|w| stem_of(w))
+        let words = leaf_words(leaf);
+        let content: Vec<&String> = words.iter().filter(|w| !FUNCTION_WORDS.contains(&w.as_str())).collect();
+        // A value made only of function words ("to be") is judged by them.
+        let judged = if content.is_empty() { words.iter().collect() } else { content };
+        judged.iter().any(|w| self.found(w) || stem_of(w))
+    }
+
+    /// Whether a word occurs in the text (see [`Self::words_found`]).
+    fn found(&self, w: &str) -> bool {
+        self.known.contains(w) || (!w.is_ascii() && self.text.contains(w))
+    }
+
+    /// Whether the text names a parameter: a word of its name (`include_player_stats`: include, player,
+    /// stats) occurs there, or one of at least four letters shares its first four with a word there.
+    fn names(&self, parameter: &str) -> bool {
+        let lower = parameter.to_lowercase();
+        let named = words(&lower).any(|w| {
+            self.found(w)
+                || (w.len() >= 4
+                    && w.is_char_boundary(4)
+                    && self.known.iter().any(|k| k.len() >= 4 && k.is_char_boundary(4) && k[..4] == w[..4]))
+        });
+        named
     }
 
     /// Whether a leaf is a number that equals one written in the text.
@@ -144,6 +175,12 @@ impl Evidence {
         leaf.as_f64().is_some_and(|x| self.numbers.iter().any(|&n| (x - n).abs() <= 1e-9 * n.abs().max(1.0)))
     }
 }
+
+/// Words that carry no value of their own: a made-up title is not stated by its "the".
+const FUNCTION_WORDS: [&str; 29] = [
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "and", "or", "by", "with", "from", "is", "are", "be", "as",
+    "it", "its", "this", "that", "my", "me", "i", "you", "your", "we", "our",
+];
 
 /// Numbers written as words.
 const NUMBER_WORDS: [(&str, f64); 25] = [
@@ -338,6 +375,25 @@ mod tests {
         let mut c = call(json!({"order": "chronological", "size": "larger"}));
         let conv = [ChatMessage::user("Sorted chronologically, the large one")];
         assert!(!drop_unstated_options(&mut c, &json!({}), &conv), "longer and shorter forms of a word count");
+    }
+
+    #[test]
+    fn function_words_state_nothing_and_booleans_need_their_parameter_named_or_their_default() {
+        let conv = [ChatMessage::user("Find a historical fiction book at the New York library, with details.")];
+        let schema = json!({"required": ["genre"], "properties": {
+            "verbose": {"type": "boolean", "default": false}, "available": {"type": "boolean", "default": true},
+            "detailed": {"type": "boolean"}, "kids": {"type": "boolean"}
+        }});
+        let mut c = call(json!({
+            "genre": "Poetry", "title": "The Great Gatsby", "branch": "the New York Public", "of": "at",
+            "detailed": true, "verbose": true, "available": true, "kids": false
+        }));
+        assert!(drop_unstated_options(&mut c, &schema, &conv));
+        let kept: Vec<&str> = c.args.as_object().unwrap().keys().map(String::as_str).collect();
+        // Required (made up); a value with a content word; one of function words only, judged by them; a
+        // boolean named by a word sharing its first four letters, one at its default. Not a title whose
+        // only word in the request is "the", a boolean off its default or one the request does not name.
+        assert_eq!(kept, ["genre", "branch", "of", "detailed", "available"]);
     }
 
     #[test]
