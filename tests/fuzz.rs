@@ -98,7 +98,92 @@ fn data(sub: &str) -> Vec<Vec<u8>> {
     std::fs::read_dir(dir).map_or(Vec::new(), |d| d.flatten().filter_map(|e| std::fs::read(e.path()).ok()).collect())
 }
 
-/// Runs `exec` on mutated seeds for the time budget; panics name the target and where the input was saved.
+fn crash_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz-crashes");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Keeps the input a target is running when the process aborts (a stack overflow, an allocation failure:
+/// no unwinding, so no panic to catch): a SIGABRT handler writes each armed target's current input to a
+/// file opened beforehand, `target/fuzz-crashes/TARGET-aborted`, which a run that ends normally removes.
+#[cfg(unix)]
+mod abort_capture {
+    use std::os::fd::IntoRawFd;
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering::Relaxed};
+
+    struct Slot {
+        fd: AtomicI32,
+        input: AtomicPtr<u8>,
+        len: AtomicUsize,
+    }
+
+    const SLOTS: usize = 16;
+    static TABLE: [Slot; SLOTS] = [const {
+        Slot { fd: AtomicI32::new(-1), input: AtomicPtr::new(std::ptr::null_mut()), len: AtomicUsize::new(0) }
+    }; SLOTS];
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+
+    extern "C" fn on_abort(_: libc::c_int) {
+        // Only async-signal-safe calls: write(2), signal(2), raise(3).
+        for slot in &TABLE {
+            let fd = slot.fd.load(Relaxed);
+            let (input, len) = (slot.input.load(Relaxed), slot.len.load(Relaxed));
+            if fd >= 0 && !input.is_null() {
+                // SAFETY: the slot's input is the live buffer its target set before running it.
+                unsafe { libc::write(fd, input as *const libc::c_void, len) };
+            }
+        }
+        let note = b"fuzz: aborted; the inputs being run are in target/fuzz-crashes/*-aborted\n";
+        // SAFETY: plain system calls on valid arguments; the default action then ends the process.
+        unsafe {
+            libc::write(2, note.as_ptr() as *const libc::c_void, note.len());
+            libc::signal(libc::SIGABRT, libc::SIG_DFL);
+            libc::raise(libc::SIGABRT);
+        }
+    }
+
+    /// One target's slot; dropping it (a run that did not abort) removes the file.
+    pub struct Armed {
+        slot: usize,
+        path: PathBuf,
+    }
+
+    pub fn arm(path: PathBuf) -> Armed {
+        INSTALL.call_once(|| {
+            // SAFETY: installs a handler that only makes async-signal-safe calls.
+            unsafe { libc::signal(libc::SIGABRT, on_abort as *const () as libc::sighandler_t) };
+        });
+        let slot = NEXT.fetch_add(1, Relaxed);
+        assert!(slot < SLOTS, "more fuzz targets than abort slots");
+        let fd = std::fs::File::create(&path).unwrap().into_raw_fd();
+        TABLE[slot].fd.store(fd, Relaxed);
+        Armed { slot, path }
+    }
+
+    impl Armed {
+        /// The input about to run (it must stay alive until the next call or the drop).
+        pub fn set(&self, input: &[u8]) {
+            TABLE[self.slot].len.store(input.len(), Relaxed);
+            TABLE[self.slot].input.store(input.as_ptr() as *mut u8, Relaxed);
+        }
+    }
+
+    impl Drop for Armed {
+        fn drop(&mut self) {
+            let fd = TABLE[self.slot].fd.swap(-1, Relaxed);
+            TABLE[self.slot].input.store(std::ptr::null_mut(), Relaxed);
+            // SAFETY: the descriptor was opened by `arm` and is closed once.
+            unsafe { libc::close(fd) };
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Runs `exec` on mutated seeds for the time budget; panics name the target and where the input was saved,
+/// and an abort leaves the input in `target/fuzz-crashes/TARGET-aborted` (unix).
 fn fuzz(target: &str, seeds: Vec<Vec<u8>>, exec: impl Fn(&[u8])) {
     assert!(!seeds.is_empty(), "{target}: no seeds");
     let seed = std::env::var("REAGENT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_u64);
@@ -106,14 +191,16 @@ fn fuzz(target: &str, seeds: Vec<Vec<u8>>, exec: impl Fn(&[u8])) {
     let (t0, limit) = (Instant::now(), budget());
     let mut input = Vec::new();
     let mut execs = 0u64;
+    #[cfg(unix)]
+    let armed = abort_capture::arm(crash_dir().join(format!("{target}-aborted")));
     std::panic::set_hook(Box::new(|_| {}));
     while t0.elapsed() < limit {
         mutate(&mut rng, &seeds, &mut input);
+        #[cfg(unix)]
+        armed.set(&input);
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec(&input))).is_err() {
             let _ = std::panic::take_hook();
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/fuzz-crashes");
-            std::fs::create_dir_all(&dir).unwrap();
-            let path = dir.join(format!("{target}-{execs}"));
+            let path = crash_dir().join(format!("{target}-{execs}"));
             std::fs::write(&path, &input).unwrap();
             panic!("{target}: panic on input {} (after {execs} executions)", path.display());
         }
@@ -228,4 +315,36 @@ fn fuzz_chat_templates() {
             let _ = t.render(&messages, true, Some(&tools));
         }
     });
+}
+
+/// The abort capture itself: a child process (this test binary, running the ignored test below) arms a
+/// target, sets an input and aborts; the input must be in the file, and the process killed by SIGABRT.
+#[cfg(unix)]
+#[test]
+fn an_abort_leaves_the_input_being_run_in_a_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let path = crash_dir().join("abort-capture-check-aborted");
+    let _ = std::fs::remove_file(&path);
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "abort_capture_child", "--ignored", "--nocapture"])
+        .env("REAGENT_FUZZ_ABORT_CHILD", "1")
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGABRT), "{status:?}");
+    assert_eq!(std::fs::read(&path).unwrap(), b"the input that aborted");
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+#[ignore = "run by an_abort_leaves_the_input_being_run_in_a_file in a child process: it aborts"]
+fn abort_capture_child() {
+    if std::env::var("REAGENT_FUZZ_ABORT_CHILD").is_err() {
+        return;
+    }
+    let armed = abort_capture::arm(crash_dir().join("abort-capture-check-aborted"));
+    let input = b"the input that aborted".to_vec();
+    armed.set(&input);
+    std::process::abort();
 }
