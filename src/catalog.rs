@@ -70,6 +70,9 @@ pub struct DecisionDefaults {
     /// See [`crate::agent::AgentConfig::drop_unstated_options`].
     #[serde(default)]
     pub drop_unstated_options: bool,
+    /// See [`crate::agent::AgentConfig::drop_unstated_calls`].
+    #[serde(default)]
+    pub drop_unstated_calls: bool,
 }
 
 /// The model catalog.

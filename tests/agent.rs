@@ -521,6 +521,37 @@ fn optional_arguments_the_request_does_not_state_are_left_out() {
     }
 }
 
+/// Unstated later calls: with the setting on, a native decision's calls after the first that bring a value
+/// the request does not state are left out, in the calls that run and in the reply kept; off, all run.
+#[test]
+fn later_calls_the_request_does_not_state_are_left_out() {
+    let native_call = |e: &str| {
+        format!("<tool_call>\n{{\"name\": \"calc\", \"arguments\": {{\"expression\": \"{e}\"}}}}\n</tool_call>")
+    };
+    let decided = ["2+3", "4+5", "8+8"].map(native_call).join("\n");
+    for on in [true, false] {
+        let config = AgentConfig {
+            format: reagent::agent::DecisionFormat::Native,
+            decision: reagent::DecisionOptions { parallel_calls: Some(4), ..Default::default() },
+            drop_unstated_calls: on,
+            ..AgentConfig::default()
+        };
+        let driver = ScriptedDriver::new(vec![decided.clone(), "5 and 9".into()]);
+        let log = driver.log();
+        let mut a = Agent::builder().driver(driver).tool(calc()).config(config).build().unwrap();
+        let t = a.run("Add 2+3 and 4+5").unwrap();
+        let ran: Vec<&str> = t.steps[0].calls.iter().map(|c| c.call.args["expression"].as_str().unwrap()).collect();
+        let kept =
+            log.lock().unwrap().last().unwrap().iter().find(|m| m.role == reagent::Role::Assistant).unwrap().clone();
+        if on {
+            assert_eq!(ran, ["2+3", "4+5"]);
+            assert_eq!(kept.content.matches("<tool_call>").count(), 2, "{}", kept.content);
+        } else {
+            assert_eq!(ran, ["2+3", "4+5", "8+8"]);
+        }
+    }
+}
+
 /// Abstention by grounding: under `auto`, a first call made of values the user never wrote is dropped and
 /// the model asked again for an answer; a grounded call, a later step's call, or a run without a
 /// threshold keep their calls. The grounding is recorded either way.

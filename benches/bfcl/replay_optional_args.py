@@ -15,6 +15,10 @@ replays every combination exactly: this script applies abstention on the first c
 only, or with numbers as written), then a rule for optional arguments, scores with BFCL's checker and
 prints per-category accuracy per combination.
 
+The last variant also drops the later calls the turns do not state (`--drop-unstated-calls`,
+`grounding::drop_unstated_calls`), which runs after the rule. On a run with abstention already applied,
+pass `--abstain-below 0`.
+
 usage: replay_optional_args.py OPEN.jsonl TASKS.jsonl SCORE_PY [--python PY] [--abstain-below 0.45]
 """
 import argparse
@@ -95,6 +99,26 @@ RULES = {
 }
 
 
+def without_booleans(args):
+    return {k: v for k, v in args.items() if not isinstance(v, bool)} if isinstance(args, dict) else args
+
+
+def drop_unstated_calls(ev, calls):
+    """`grounding::drop_unstated_calls`: a later call goes when it brings a value the turns do not state, or
+    repeats an earlier kept call of the same tool but for booleans."""
+    kept = []
+    for c in calls:
+        if kept:
+            earlier = [l for k in kept for l in leaves(k["arguments"])]
+            if any(l not in earlier and not ev.states(l) for l in leaves(c["arguments"])):
+                continue
+            if any(k["name"] == c["name"] and without_booleans(k["arguments"]) == without_booleans(c["arguments"])
+                   for k in kept):
+                continue
+        kept.append(c)
+    return kept
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("open")
@@ -105,34 +129,37 @@ def main():
     a = ap.parse_args()
     runs = [json.loads(l) for l in open(a.open)]
     tasks = {t["id"]: t for t in map(json.loads, open(a.tasks))}
-    for numbers in (False, True):
-        for name, rule in RULES.items():
-            lines = []
-            for r in runs:
-                task, calls = tasks[r["id"]], r["calls"]
-                ev = Evidence(task)
-                g = ev.grounding(calls[0], numbers) if calls else None
-                if g is not None and a.abstain_below > 0 and g < a.abstain_below:
-                    calls = []
-                fns = {fn["name"]: fn.get("parameters", {}) for fn in task["functions"]}
-                out = []
-                for c in calls:
-                    required = set(fns.get(c["name"], {}).get("required", []))
-                    args = c["arguments"]
-                    if isinstance(args, dict):
-                        schema = fns.get(c["name"], {})
-                        args = {k: v for k, v in args.items() if k in required or rule(ev, k, v, schema)}
-                    out.append({"name": c["name"], "arguments": args})
-                lines.append({**r, "calls": out})
-            wrong = wrong_ids(a.python, a.score_py, lines)
-            per = collections.defaultdict(list)
-            for r in runs:
-                per[r["category"]].append(r["id"] not in wrong)
-            accs = {c: 100 * sum(v) / len(v) for c, v in sorted(per.items())}
-            overall = sum(accs.values()) / len(accs)
-            label = f"abstain on {'words+numbers' if numbers else 'words'}, {name}"
-            print(f"{label:60} {len(runs)} tasks  overall {overall:5.2f}  " +
-                  "  ".join(f"{c[:10]} {x:.1f}" for c, x in accs.items()))
+    variants = [(numbers, name, False) for numbers in (False, True) for name in RULES]
+    variants.append((True, "kept when stated (the rule)", True))
+    for numbers, name, later in variants:
+        rule = RULES[name]
+        lines = []
+        for r in runs:
+            task, calls = tasks[r["id"]], r["calls"]
+            ev = Evidence(task)
+            g = ev.grounding(calls[0], numbers) if calls else None
+            if g is not None and a.abstain_below > 0 and g < a.abstain_below:
+                calls = []
+            fns = {fn["name"]: fn.get("parameters", {}) for fn in task["functions"]}
+            out = []
+            for c in calls:
+                required = set(fns.get(c["name"], {}).get("required", []))
+                args = c["arguments"]
+                if isinstance(args, dict):
+                    schema = fns.get(c["name"], {})
+                    args = {k: v for k, v in args.items() if k in required or rule(ev, k, v, schema)}
+                out.append({"name": c["name"], "arguments": args})
+            lines.append({**r, "calls": drop_unstated_calls(ev, out) if later else out})
+        wrong = wrong_ids(a.python, a.score_py, lines)
+        per = collections.defaultdict(list)
+        for r in runs:
+            per[r["category"]].append(r["id"] not in wrong)
+        accs = {c: 100 * sum(v) / len(v) for c, v in sorted(per.items())}
+        overall = sum(accs.values()) / len(accs)
+        label = f"abstain on {'words+numbers' if numbers else 'words'}, {name}"
+        label += ", unstated later calls dropped" if later else ""
+        print(f"{label:90} {len(runs)} tasks  overall {overall:5.2f}  " +
+              "  ".join(f"{c[:10]} {x:.1f}" for c, x in accs.items()))
 
 
 if __name__ == "__main__":

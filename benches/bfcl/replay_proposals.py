@@ -57,13 +57,21 @@ def leaf_words(v):
 NUMBER = re.compile(r"(?<![\w.])(\d+(?:,\d{3}(?!\d))*(?:\.\d+)?)(\s*(?:%|percent))?")
 
 
+SCALE = re.compile(r"\s*(thousand|million|billion|trillion)(?![a-z0-9])")
+SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
+
+
 def written_numbers(text):
+    """`written_numbers` in grounding.rs: separators, percentages as fractions too, scale words."""
     out = []
     for m in NUMBER.finditer(text):
         x = float(m.group(1).replace(",", ""))
         out.append(x)
         if m.group(2):
             out.append(x / 100)
+        scale = SCALE.match(text, m.end(1))
+        if scale:
+            out.append(x * SCALES[scale.group(1)])
     return out
 
 

@@ -100,6 +100,52 @@ pub fn drop_unstated_options(call: &mut ToolCall, schema: &Value, conversation: 
     args.len() < before
 }
 
+/// Leaves out of a decision's `calls` each one after the first that brings a value the user and tool turns
+/// do not state (leniently, as for [`drop_unstated_options`]; a value an earlier kept call has is not new),
+/// or that repeats an earlier kept call of the same tool but for booleans; says whether it left any out.
+///
+/// Pushed to make one more call (the more-calls bias), a small model adds calls the request does not ask
+/// for: a fourth forecast for a city with a made-up number of days, the same recipe search again with
+/// `isHomemade` flipped.
+pub fn drop_unstated_calls(calls: &mut Vec<ToolCall>, conversation: &[ChatMessage]) -> bool {
+    let evidence = Evidence::of(conversation);
+    let before = calls.len();
+    let mut kept: Vec<ToolCall> = Vec::with_capacity(before);
+    for call in calls.drain(..) {
+        if !kept.is_empty() {
+            let earlier: Vec<Value> = kept.iter().flat_map(|c| leaves(&c.args)).collect();
+            let made_up =
+                leaves(&call.args).iter().any(|l| !earlier.iter().any(|e| same_leaf(e, l)) && !evidence.states(l));
+            let repeat =
+                kept.iter().any(|k| k.tool == call.tool && without_booleans(&k.args) == without_booleans(&call.args));
+            if made_up || repeat {
+                continue;
+            }
+        }
+        kept.push(call);
+    }
+    *calls = kept;
+    calls.len() < before
+}
+
+/// Whether two scalars are the same value (numbers by value: 5000 and 5000.0).
+fn same_leaf(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// An object of arguments without its booleans (other values as they are).
+fn without_booleans(args: &Value) -> Value {
+    match args {
+        Value::Object(m) => {
+            Value::Object(m.iter().filter(|(_, v)| !v.is_boolean()).map(|(k, v)| (k.clone(), v.clone())).collect())
+        }
+        other => other.clone(),
+    }
+}
+
 /// What the user and tool turns say: their text (lower case), its words, and the numbers it writes.
 struct Evidence {
     text: String,
@@ -211,8 +257,11 @@ const NUMBER_WORDS: [(&str, f64); 25] = [
     ("dozen", 12.0),
 ];
 
+/// Words that scale the number before them.
+const SCALE_WORDS: [(&str, f64); 4] = [("thousand", 1e3), ("million", 1e6), ("billion", 1e9), ("trillion", 1e12)];
+
 /// The numbers written in `text`, with thousands separators (`1,000,000`) and decimals; a percentage
-/// also as its fraction (`5%` is 5 and 0.05).
+/// also as its fraction (`5%` is 5 and 0.05), a number before a scale word also scaled (`2.5 million`).
 fn written_numbers(text: &str) -> Vec<f64> {
     let mut out = Vec::new();
     let b = text.as_bytes();
@@ -237,8 +286,16 @@ fn written_numbers(text: &str) -> Vec<f64> {
         }
         if let Ok(x) = digits.parse::<f64>() {
             out.push(x);
-            if text[i..].trim_start().starts_with('%') || text[i..].trim_start().starts_with("percent") {
+            let after = text[i..].trim_start();
+            if after.starts_with('%') || after.starts_with("percent") {
                 out.push(x / 100.0);
+            }
+            // A scale word: "1.267 billion" is also 1 267 000 000.
+            for (word, scale) in SCALE_WORDS {
+                let rest = after.strip_prefix(word);
+                if rest.is_some_and(|r| !r.starts_with(|c: char| c.is_alphanumeric())) {
+                    out.push(x * scale);
+                }
             }
         }
     }
@@ -356,6 +413,7 @@ mod tests {
         assert!(new(&c("loan", json!({"amount": 1_500_000, "rate": 0.05})), after_ny));
         assert!(!new(&c("loan", json!({"amount": 1_400_000, "rate": 0.05})), &[ny]));
         assert_eq!(written_numbers("pay $1,500,000 at 5% for 10.5 years, id b12"), [1_500_000.0, 5.0, 0.05, 10.5]);
+        assert_eq!(written_numbers("1.25 billion people, 3 millionaires"), [1.25, 1.25e9, 3.0]);
     }
 
     #[test]
@@ -394,6 +452,36 @@ mod tests {
         // boolean named by a word sharing its first four letters, one at its default. Not a title whose
         // only word in the request is "the", a boolean off its default or one the request does not name.
         assert_eq!(kept, ["genre", "branch", "of", "detailed", "available"]);
+    }
+
+    #[test]
+    fn later_calls_are_kept_only_when_stated_and_not_repeats_but_for_booleans() {
+        let conv = [ChatMessage::user("Forecast for Seattle for 5 days and San Francisco; a gluten free recipe.")];
+        let c = |tool: &str, args| ToolCall { tool: tool.into(), args };
+        let mut calls = vec![
+            c("forecast", json!({"city": "Seattle", "days": 5})),
+            c("forecast", json!({"city": "San Francisco", "days": 5.0})),
+            c("forecast", json!({"city": "San Francisco", "days": 4})),
+            c("recipe", json!({"diet": "gluten free", "homemade": true})),
+            c("recipe", json!({"diet": "gluten free", "homemade": false})),
+            c("forecast", json!({"city": "Boston", "days": 5})),
+        ];
+        assert!(drop_unstated_calls(&mut calls, &conv));
+        // A value of an earlier call counts as stated (5.0 as 5); a made-up number, a repeat but for a
+        // boolean and a made-up city go.
+        let kept: Vec<String> = calls.iter().map(|c| format!("{} {}", c.tool, c.args)).collect();
+        assert_eq!(
+            kept,
+            [
+                r#"forecast {"city":"Seattle","days":5}"#,
+                r#"forecast {"city":"San Francisco","days":5.0}"#,
+                r#"recipe {"diet":"gluten free","homemade":true}"#
+            ]
+        );
+        assert!(!drop_unstated_calls(&mut calls, &conv), "nothing more to leave out");
+        // The first call is the decision's own: kept even when made up (abstention judges it).
+        let mut calls = vec![c("forecast", json!({"city": "Oslo"}))];
+        assert!(!drop_unstated_calls(&mut calls, &conv));
     }
 
     #[test]

@@ -88,6 +88,11 @@ pub struct AgentConfig {
     /// not state ([`drop_unstated_options`](grounding::drop_unstated_options)), so that the model can be
     /// let to write optional arguments (a close bias of 0) without keeping the ones it makes up.
     pub drop_unstated_options: bool,
+    /// Native format: leave out of a decision the calls after its first that bring a value the conversation
+    /// does not state, or that repeat an earlier call but for booleans
+    /// ([`drop_unstated_calls`](grounding::drop_unstated_calls)); the model, pushed to make one more call
+    /// (`more_calls` bias), otherwise adds calls the request does not ask for.
+    pub drop_unstated_calls: bool,
 }
 
 impl Default for AgentConfig {
@@ -109,6 +114,7 @@ impl Default for AgentConfig {
             abstain_below: None,
             propose_more_calls: false,
             drop_unstated_options: false,
+            drop_unstated_calls: false,
         }
     }
 }

@@ -194,8 +194,8 @@ impl Agent {
         if let Some(more) = &grammars.more_calls {
             self.propose_more_calls(step_no, messages, &mut decided, more, tools, &mut run.stats)?;
         }
-        if self.config.drop_unstated_options && self.config.format == DecisionFormat::Native {
-            self.drop_unstated_options(messages, &mut decided);
+        if self.config.format == DecisionFormat::Native {
+            self.drop_unstated(messages, &mut decided);
         }
         let Decided { decision, text, stats, retries } = decided;
         self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
@@ -260,15 +260,21 @@ impl Agent {
         Ok(())
     }
 
-    /// Leaves out of the decision's calls the optional arguments the conversation does not state; the
-    /// reply kept in the conversation then shows the calls as they are made.
-    fn drop_unstated_options(&self, messages: &[ChatMessage], decided: &mut Decided) {
+    /// Leaves out of the decision's calls the optional arguments the conversation does not state, then
+    /// the later calls it does not state (as the settings say); the reply kept in the conversation then
+    /// shows the calls as they are made.
+    fn drop_unstated(&self, messages: &[ChatMessage], decided: &mut Decided) {
         let mut calls = decided.decision.calls();
         let mut dropped = false;
-        for call in &mut calls {
-            if let Some(tool) = self.executor.tools().get(&call.tool) {
-                dropped |= grounding::drop_unstated_options(call, &tool.spec().parameters, messages);
+        if self.config.drop_unstated_options {
+            for call in &mut calls {
+                if let Some(tool) = self.executor.tools().get(&call.tool) {
+                    dropped |= grounding::drop_unstated_options(call, &tool.spec().parameters, messages);
+                }
             }
+        }
+        if self.config.drop_unstated_calls {
+            dropped |= grounding::drop_unstated_calls(&mut calls, messages);
         }
         if dropped {
             decided.text = native::render_calls(&calls);

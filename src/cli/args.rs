@@ -223,6 +223,10 @@ pub(crate) struct DecisionArgs {
     /// does not state (default: the catalog's choice for the model).
     #[arg(long, value_name = "yes|no")]
     pub(crate) drop_unstated_options: Option<Toggle>,
+    /// With the native format: leave out of a decision the calls after its first that bring a value the
+    /// request does not state, or repeat an earlier call but for booleans (default: the catalog's choice).
+    #[arg(long, value_name = "yes|no")]
+    pub(crate) drop_unstated_calls: Option<Toggle>,
 }
 
 /// `yes` or `no`, for settings whose default comes from the catalog.
@@ -239,6 +243,7 @@ pub(crate) struct DecisionSettings {
     pub(crate) abstain_below: Option<f32>,
     pub(crate) propose_more_calls: bool,
     pub(crate) drop_unstated_options: bool,
+    pub(crate) drop_unstated_calls: bool,
 }
 
 impl DecisionSettings {
@@ -249,6 +254,7 @@ impl DecisionSettings {
         config.abstain_below = self.abstain_below;
         config.propose_more_calls = self.propose_more_calls;
         config.drop_unstated_options = self.drop_unstated_options;
+        config.drop_unstated_calls = self.drop_unstated_calls;
     }
 }
 
@@ -257,14 +263,15 @@ impl std::fmt::Display for DecisionSettings {
         let abstain = self.abstain_below.map_or("never".to_string(), |g| g.to_string());
         write!(
             f,
-            "{} format, call bias {}, more-calls bias {}, close bias {}, end-list bias {}, abstain below {abstain}{}{}",
+            "{} format, call bias {}, more-calls bias {}, close bias {}, end-list bias {}, abstain below {abstain}{}{}{}",
             self.format,
             self.biases.call,
             self.biases.more_calls,
             self.biases.close,
             self.biases.end_list,
             if self.propose_more_calls { ", proposing more calls" } else { "" },
-            if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" }
+            if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" },
+            if self.drop_unstated_calls { ", dropping unstated later calls" } else { "" }
         )
     }
 }
@@ -309,7 +316,15 @@ impl DecisionArgs {
         let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
         let propose_more_calls = toggle(self.propose_more_calls, defaults.propose_more_calls);
         let drop_unstated_options = toggle(self.drop_unstated_options, defaults.drop_unstated_options);
-        Ok(DecisionSettings { format, biases, abstain_below, propose_more_calls, drop_unstated_options })
+        let drop_unstated_calls = toggle(self.drop_unstated_calls, defaults.drop_unstated_calls);
+        Ok(DecisionSettings {
+            format,
+            biases,
+            abstain_below,
+            propose_more_calls,
+            drop_unstated_options,
+            drop_unstated_calls,
+        })
     }
 }
 
