@@ -295,8 +295,12 @@ fn rewrite_refs(v: &mut Value, tool: &str, recursive: &mut bool) {
     }
 }
 
-/// A tool's argument schema with length bounds added where it has none, and `additionalProperties:
-/// false` on objects that do not say otherwise (a decision may not invent arguments).
+/// The bound given to numbers without their own: fifteen digits before the point.
+pub const MAX_NUMBER: i64 = 999_999_999_999_999;
+
+/// A tool's argument schema with length bounds added where it has none (strings, arrays, and numbers:
+/// [`MAX_NUMBER`]), and `additionalProperties: false` on objects that do not say otherwise (a decision
+/// may not invent arguments).
 pub(crate) fn bounded_args(schema: &Value, opts: &DecisionOptions) -> Value {
     let mut s = schema.clone();
     bound(&mut s, opts);
@@ -319,6 +323,20 @@ fn bound(v: &mut Value, opts: &DecisionOptions) {
     }
     if is(o, "array") {
         o.entry("maxItems").or_insert_with(|| json!(opts.max_array_items));
+    }
+    // A small model can run a number on ("100000000000000000000…") until the token limit cuts the decision
+    // off; fifteen digits before the point are as many as a double holds exactly.
+    if (is(o, "integer") || is(o, "number")) && !o.contains_key("enum") && !o.contains_key("const") {
+        let bound = |o: &Map<String, Value>, keys: [&str; 2]| keys.iter().find_map(|k| o.get(*k)?.as_f64());
+        let (low, high) = (bound(o, ["minimum", "exclusiveMinimum"]), bound(o, ["maximum", "exclusiveMaximum"]));
+        let max = MAX_NUMBER as f64;
+        // Each missing side, unless the other lies beyond it (the schema's own range is kept whole).
+        if low.is_none() && high.is_none_or(|h| h >= -max) {
+            o.insert("minimum".into(), json!(-MAX_NUMBER));
+        }
+        if high.is_none() && low.is_none_or(|l| l <= max) {
+            o.insert("maximum".into(), json!(MAX_NUMBER));
+        }
     }
     if is(o, "object") {
         o.entry("additionalProperties").or_insert(Value::Bool(false));
@@ -488,6 +506,21 @@ mod tests {
         assert_eq!(s["properties"]["args"]["additionalProperties"], false);
         assert_eq!(s["properties"]["thought"]["maxLength"], 200);
         assert_eq!(s["properties"]["tool"]["const"], "calculator");
+    }
+
+    #[test]
+    fn numbers_without_bounds_get_fifteen_digits() {
+        let schema = json!({"type": "object", "properties": {
+            "n": {"type": "integer"}, "x": {"type": ["number", "null"]}, "pct": {"type": "number", "maximum": 100},
+            "k": {"type": "integer", "enum": [1, 2]}
+        }});
+        let b = bounded_args(&schema, &DecisionOptions::default());
+        assert_eq!(b["properties"]["n"]["maximum"], MAX_NUMBER);
+        assert_eq!(b["properties"]["n"]["minimum"], -MAX_NUMBER);
+        assert_eq!(b["properties"]["x"]["maximum"], MAX_NUMBER);
+        assert_eq!(b["properties"]["pct"]["maximum"], 100, "its own bound is kept");
+        assert_eq!(b["properties"]["pct"]["minimum"], -MAX_NUMBER, "the missing side is added");
+        assert!(b["properties"]["k"].get("maximum").is_none(), "an enum is bound enough");
     }
 
     #[test]
