@@ -77,10 +77,10 @@ pub fn is_new_requested_item(call: &ToolCall, earlier: &[ToolCall], conversation
 /// ("the" does not state "The Great Gatsby"), or is a number written there (with separators, as a
 /// percentage, or in words: "three", "twice"). A boolean carries no evidence of its own: it is kept when
 /// it is the parameter's default or the turns name the parameter (a word of its name, or one sharing its
-/// first four letters: "detailed" for `detail`); nulls and empty strings are kept. A small model either leaves out optional arguments the request does
-/// state ("vegan", "5 players", "settled") or, left to add them, fills others with made-up values
-/// (`"z": 0`, `"season": "2019-2020"`); letting it write them and keeping only the stated ones gets the
-/// first without the second.
+/// first four letters: "details" names `detailed`); nulls and empty strings are kept. A small model either
+/// leaves out optional arguments the request does state ("vegan", "5 players", "settled") or, left to add
+/// them, fills others with made-up values (`"z": 0`, `"season": "2019-2020"`); letting it write them and
+/// keeping only the stated ones gets the first without the second.
 pub fn drop_unstated_options(call: &mut ToolCall, schema: &Value, conversation: &[ChatMessage]) -> bool {
     let Some(args) = call.args.as_object_mut() else { return false };
     let required: HashSet<&str> =
