@@ -106,7 +106,8 @@ fn crash_dir() -> PathBuf {
 
 /// Keeps the input a target is running when the process aborts (a stack overflow, an allocation failure:
 /// no unwinding, so no panic to catch): a SIGABRT handler writes each armed target's current input to a
-/// file opened beforehand, `target/fuzz-crashes/TARGET-aborted`, which a run that ends normally removes.
+/// file opened beforehand, `target/fuzz-crashes/TARGET-PID-aborted` (the process id: two runs of a target
+/// at once keep their own), which a run that ends normally removes.
 #[cfg(unix)]
 mod abort_capture {
     use std::os::fd::IntoRawFd;
@@ -183,7 +184,7 @@ mod abort_capture {
 }
 
 /// Runs `exec` on mutated seeds for the time budget; panics name the target and where the input was saved,
-/// and an abort leaves the input in `target/fuzz-crashes/TARGET-aborted` (unix).
+/// and an abort leaves the input in `target/fuzz-crashes/TARGET-PID-aborted` (unix).
 fn fuzz(target: &str, seeds: Vec<Vec<u8>>, exec: impl Fn(&[u8])) {
     assert!(!seeds.is_empty(), "{target}: no seeds");
     let seed = std::env::var("REAGENT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5EED_u64);
@@ -192,7 +193,7 @@ fn fuzz(target: &str, seeds: Vec<Vec<u8>>, exec: impl Fn(&[u8])) {
     let mut input = Vec::new();
     let mut execs = 0u64;
     #[cfg(unix)]
-    let armed = abort_capture::arm(crash_dir().join(format!("{target}-aborted")));
+    let armed = abort_capture::arm(crash_dir().join(format!("{target}-{}-aborted", std::process::id())));
     std::panic::set_hook(Box::new(|_| {}));
     while t0.elapsed() < limit {
         mutate(&mut rng, &seeds, &mut input);
