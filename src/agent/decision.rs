@@ -327,8 +327,8 @@ fn bound(v: &mut Value, opts: &DecisionOptions) {
     // A small model can run a number on ("100000000000000000000…") until the token limit cuts the decision
     // off; fifteen digits before the point are as many as a double holds exactly.
     if (is(o, "integer") || is(o, "number")) && !o.contains_key("enum") && !o.contains_key("const") {
-        let bound = |o: &Map<String, Value>, keys: [&str; 2]| keys.iter().find_map(|k| o.get(*k)?.as_f64());
-        let (low, high) = (bound(o, ["minimum", "exclusiveMinimum"]), bound(o, ["maximum", "exclusiveMaximum"]));
+        let given = |o: &Map<String, Value>, keys: [&str; 2]| keys.iter().find_map(|k| o.get(*k)?.as_f64());
+        let (low, high) = (given(o, ["minimum", "exclusiveMinimum"]), given(o, ["maximum", "exclusiveMaximum"]));
         let max = MAX_NUMBER as f64;
         // Each missing side, unless the other lies beyond it (the schema's own range is kept whole).
         if low.is_none() && high.is_none_or(|h| h >= -max) {
