@@ -179,7 +179,7 @@ pub struct Step {
     /// Failed attempts before this decision.
     pub retries: usize,
     pub stats: DecisionStats,
-    /// The first decision under `auto`: the [grounding](super::grounding::grounding) of the first call the
+    /// The first decision under `auto`: the [grounding](super::grounding::Evidence::grounding) of the first call the
     /// model made, whether or not it was kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grounding: Option<f32>,

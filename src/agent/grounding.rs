@@ -3,7 +3,7 @@
 //!
 //! A small model asked something no listed tool can do still calls the nearest tool, and fills its
 //! arguments with values it made up ("Do you know the muffin man?" → `requests_get` on an invented URL).
-//! When the request fits a tool, the values are mostly words the user wrote. [`grounding`] measures that
+//! When the request fits a tool, the values are mostly words the user wrote. [`Evidence::grounding`] measures that
 //! share; under `auto`, a first decision whose first call scores below [`AgentConfig::abstain_below`]
 //! becomes an answer (see `Agent::run_conversation`). On BFCL's development split this separates
 //! irrelevant from relevant requests better than the model's own call/answer margin (AUC 0.86 against
@@ -18,143 +18,17 @@ use serde_json::Value;
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::ToolCall;
 
-/// The share of `call`'s argument values found in the user and tool turns of `conversation`, averaged
-/// over the values: a value scores the fraction of its words (lower-case alphanumeric runs) that occur in
-/// those turns, and a number 1 when it equals one written there ("$1,000,000", "5%" as 5 or 0.05).
-/// Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing is left (a
-/// call without arguments is as grounded as its request).
-pub fn grounding(call: &ToolCall, conversation: &[ChatMessage]) -> Option<f32> {
-    let evidence = Evidence::of(conversation);
-    let scores: Vec<f32> = leaves(&call.args)
-        .iter()
-        .filter_map(|leaf| {
-            let (found, all) = evidence.words_found(leaf);
-            let written = evidence.is_written_number(leaf);
-            (all > 0).then(|| if written { 1.0 } else { found as f32 / all as f32 })
-        })
-        .collect();
-    (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
-}
-
-/// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
-/// for: not a repeat; it brings at least one value no earlier call used, and every such value occurs in
-/// the user and tool turns (numbers also as written with thousands separators or as a percentage); and
-/// against each earlier call of the same tool it changes an argument both give (not a refinement that only
-/// adds arguments), without replacing a value that was itself made up (a correction, not a new item).
-///
-/// Small models stop after the first of several requested calls ("weather in New York, Los Angeles, London
-/// and Tokyo" → one call); proposing one more and keeping it only when it passes this test recovers the
-/// others without adding calls the request does not support.
-pub fn is_new_requested_item(call: &ToolCall, earlier: &[ToolCall], conversation: &[ChatMessage]) -> bool {
-    if earlier.iter().any(|e| e == call) {
-        return false;
-    }
-    let evidence = Evidence::of(conversation);
-    let used: HashSet<String> = earlier.iter().flat_map(|e| leaves(&e.args)).flat_map(|l| leaf_words(&l)).collect();
-    let new: Vec<Value> = leaves(&call.args)
-        .into_iter()
-        .filter(|l| {
-            let ws = leaf_words(l);
-            !ws.is_empty() && !ws.iter().all(|w| used.contains(w))
-        })
-        .collect();
-    if new.is_empty() || !new.iter().all(|l| evidence.grounds(l)) {
-        return false;
-    }
-    earlier.iter().filter(|e| e.tool == call.tool).all(|e| {
-        let (Some(before), Some(now)) = (e.args.as_object(), call.args.as_object()) else { return false };
-        let changed: Vec<&Value> =
-            before.iter().filter(|(k, v)| now.get(*k).is_some_and(|n| n != *v)).map(|(_, v)| v).collect();
-        !changed.is_empty() && changed.iter().all(|v| leaves(v).iter().all(|l| evidence.grounds(l)))
-    })
-}
-
-/// Leaves out of `call` its optional arguments (those `schema` does not list as `required`) whose values
-/// the user and tool turns do not state, and says whether it left any out.
-///
-/// A value is stated, leniently, when each of its scalars has a word that occurs in the turns (also as a
-/// longer or shorter form of a word: "chronological" for "chronologically"), other than a function word
-/// ("the" does not state "The Great Gatsby"), or is a number written there (with separators, as a
-/// percentage, or in words: "three", "twice"). A boolean carries no evidence of its own: it is kept when
-/// it is the parameter's default or the turns name the parameter (a word of its name, or one sharing its
-/// first four letters: "details" names `detailed`); nulls and empty strings are kept. A small model either
-/// leaves out optional arguments the request does state ("vegan", "5 players", "settled") or, left to add
-/// them, fills others with made-up values (`"z": 0`, `"season": "2019-2020"`); letting it write them and
-/// keeping only the stated ones gets the first without the second.
-pub fn drop_unstated_options(call: &mut ToolCall, schema: &Value, conversation: &[ChatMessage]) -> bool {
-    let Some(args) = call.args.as_object_mut() else { return false };
-    let required: HashSet<&str> =
-        schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
-    let evidence = Evidence::of(conversation);
-    let before = args.len();
-    args.retain(|name, value| {
-        required.contains(name.as_str())
-            || match value {
-                Value::Bool(_) => {
-                    let default = schema.get("properties").and_then(|p| p.get(name)).and_then(|p| p.get("default"));
-                    default == Some(value) || evidence.names(name)
-                }
-                _ => leaves(value).iter().all(|l| evidence.states(l)),
-            }
-    });
-    args.len() < before
-}
-
-/// Leaves out of a decision's `calls` each one after the first that brings a value the user and tool turns
-/// do not state (leniently, as for [`drop_unstated_options`]; a value an earlier kept call has is not new),
-/// or that repeats an earlier kept call of the same tool but for booleans; says whether it left any out.
-///
-/// Pushed to make one more call (the more-calls bias), a small model adds calls the request does not ask
-/// for: a fourth forecast for a city with a made-up number of days, the same recipe search again with
-/// `isHomemade` flipped.
-pub fn drop_unstated_calls(calls: &mut Vec<ToolCall>, conversation: &[ChatMessage]) -> bool {
-    let evidence = Evidence::of(conversation);
-    let before = calls.len();
-    let mut kept: Vec<ToolCall> = Vec::with_capacity(before);
-    for call in calls.drain(..) {
-        if !kept.is_empty() {
-            let earlier: Vec<Value> = kept.iter().flat_map(|c| leaves(&c.args)).collect();
-            let made_up =
-                leaves(&call.args).iter().any(|l| !earlier.iter().any(|e| same_leaf(e, l)) && !evidence.states(l));
-            let repeat =
-                kept.iter().any(|k| k.tool == call.tool && without_booleans(&k.args) == without_booleans(&call.args));
-            if made_up || repeat {
-                continue;
-            }
-        }
-        kept.push(call);
-    }
-    *calls = kept;
-    calls.len() < before
-}
-
-/// Whether two scalars are the same value (numbers by value: 5000 and 5000.0).
-fn same_leaf(a: &Value, b: &Value) -> bool {
-    match (a.as_f64(), b.as_f64()) {
-        (Some(x), Some(y)) => x == y,
-        _ => a == b,
-    }
-}
-
-/// An object of arguments without its booleans (other values as they are).
-fn without_booleans(args: &Value) -> Value {
-    match args {
-        Value::Object(m) => {
-            Value::Object(m.iter().filter(|(_, v)| !v.is_boolean()).map(|(k, v)| (k.clone(), v.clone())).collect())
-        }
-        other => other.clone(),
-    }
-}
-
-/// What the user and tool turns say: their text (lower case), its words, and the numbers it writes.
-struct Evidence {
+/// What the user and tool turns of a conversation say: their text (lower case), its words, and the numbers
+/// it writes. Built once per step ([`Evidence::of`]) and asked about each call of the step's decision.
+pub struct Evidence {
     text: String,
     known: HashSet<String>,
     numbers: Vec<f64>,
 }
 
 impl Evidence {
-    fn of(conversation: &[ChatMessage]) -> Self {
+    /// The evidence of `conversation`'s user and tool turns.
+    pub fn of(conversation: &[ChatMessage]) -> Self {
         let text: String = conversation
             .iter()
             .filter(|m| matches!(m.role, Role::User | Role::Tool))
@@ -164,6 +38,112 @@ impl Evidence {
         let known = words(&text).map(str::to_string).collect();
         let numbers = written_numbers(&text);
         Self { text, known, numbers }
+    }
+
+    /// The share of `call`'s argument values found in the user and tool turns, averaged over the values:
+    /// a value scores the fraction of its words (lower-case alphanumeric runs) that occur in those turns, and a number 1 when it equals one written there ("$1,000,000", "5%" as 5 or 0.05).
+    /// Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing is left (a
+    /// call without arguments is as grounded as its request).
+    pub fn grounding(&self, call: &ToolCall) -> Option<f32> {
+        let scores: Vec<f32> = leaves(&call.args)
+            .iter()
+            .filter_map(|leaf| {
+                let (found, all) = self.words_found(leaf);
+                let written = self.is_written_number(leaf);
+                (all > 0).then(|| if written { 1.0 } else { found as f32 / all as f32 })
+            })
+            .collect();
+        (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
+    }
+
+    /// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
+    /// for: not a repeat; it brings at least one value no earlier call used, and every such value occurs in
+    /// the user and tool turns (numbers also as written with thousands separators or as a percentage); and
+    /// against each earlier call of the same tool it changes an argument both give (not a refinement that only
+    /// adds arguments), without replacing a value that was itself made up (a correction, not a new item).
+    ///
+    /// Small models stop after the first of several requested calls ("weather in New York, Los Angeles, London
+    /// and Tokyo" → one call); proposing one more and keeping it only when it passes this test recovers the
+    /// others without adding calls the request does not support.
+    pub fn is_new_requested_item(&self, call: &ToolCall, earlier: &[ToolCall]) -> bool {
+        if earlier.iter().any(|e| e == call) {
+            return false;
+        }
+        let used: HashSet<String> = earlier.iter().flat_map(|e| leaves(&e.args)).flat_map(|l| leaf_words(&l)).collect();
+        let new: Vec<Value> = leaves(&call.args)
+            .into_iter()
+            .filter(|l| {
+                let ws = leaf_words(l);
+                !ws.is_empty() && !ws.iter().all(|w| used.contains(w))
+            })
+            .collect();
+        if new.is_empty() || !new.iter().all(|l| self.grounds(l)) {
+            return false;
+        }
+        earlier.iter().filter(|e| e.tool == call.tool).all(|e| {
+            let (Some(before), Some(now)) = (e.args.as_object(), call.args.as_object()) else { return false };
+            let changed: Vec<&Value> =
+                before.iter().filter(|(k, v)| now.get(*k).is_some_and(|n| n != *v)).map(|(_, v)| v).collect();
+            !changed.is_empty() && changed.iter().all(|v| leaves(v).iter().all(|l| self.grounds(l)))
+        })
+    }
+
+    /// Leaves out of `call` its optional arguments (those `schema` does not list as `required`) whose values
+    /// the user and tool turns do not state, and says whether it left any out.
+    ///
+    /// A value is stated, leniently, when each of its scalars has a word that occurs in the turns (also as a
+    /// longer or shorter form of a word: "chronological" for "chronologically"), other than a function word
+    /// ("the" does not state "The Great Gatsby"), or is a number written there (with separators, as a
+    /// percentage, or in words: "three", "twice"). A boolean carries no evidence of its own: it is kept when
+    /// it is the parameter's default or the turns name the parameter (a word of its name, or one sharing its
+    /// first four letters: "details" names `detailed`); nulls and empty strings are kept. A small model either
+    /// leaves out optional arguments the request does state ("vegan", "5 players", "settled") or, left to add
+    /// them, fills others with made-up values (`"z": 0`, `"season": "2019-2020"`); letting it write them and
+    /// keeping only the stated ones gets the first without the second.
+    pub fn drop_unstated_options(&self, call: &mut ToolCall, schema: &Value) -> bool {
+        let Some(args) = call.args.as_object_mut() else { return false };
+        let required: HashSet<&str> =
+            schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        let before = args.len();
+        args.retain(|name, value| {
+            required.contains(name.as_str())
+                || match value {
+                    Value::Bool(_) => {
+                        let default = schema.get("properties").and_then(|p| p.get(name)).and_then(|p| p.get("default"));
+                        default == Some(value) || self.names(name)
+                    }
+                    _ => leaves(value).iter().all(|l| self.states(l)),
+                }
+        });
+        args.len() < before
+    }
+
+    /// Leaves out of a decision's `calls` each one after the first that brings a value the user and tool turns
+    /// do not state (leniently, as for [`drop_unstated_options`]; a value an earlier kept call has is not new),
+    /// or that repeats an earlier kept call of the same tool but for booleans; says whether it left any out.
+    ///
+    /// Pushed to make one more call (the more-calls bias), a small model adds calls the request does not ask
+    /// for: a fourth forecast for a city with a made-up number of days, the same recipe search again with
+    /// `isHomemade` flipped.
+    pub fn drop_unstated_calls(&self, calls: &mut Vec<ToolCall>) -> bool {
+        let before = calls.len();
+        let mut kept: Vec<ToolCall> = Vec::with_capacity(before);
+        for call in calls.drain(..) {
+            if !kept.is_empty() {
+                let earlier: Vec<Value> = kept.iter().flat_map(|c| leaves(&c.args)).collect();
+                let made_up =
+                    leaves(&call.args).iter().any(|l| !earlier.iter().any(|e| same_leaf(e, l)) && !self.states(l));
+                let repeat = kept
+                    .iter()
+                    .any(|k| k.tool == call.tool && without_booleans(&k.args) == without_booleans(&call.args));
+                if made_up || repeat {
+                    continue;
+                }
+            }
+            kept.push(call);
+        }
+        *calls = kept;
+        calls.len() < before
     }
 
     /// How many of a leaf value's words occur in the text, and of how many. Scripts without spaces
@@ -219,6 +199,24 @@ impl Evidence {
     /// Whether a leaf is a number that equals one written in the text.
     fn is_written_number(&self, leaf: &Value) -> bool {
         leaf.as_f64().is_some_and(|x| self.numbers.iter().any(|&n| (x - n).abs() <= 1e-9 * n.abs().max(1.0)))
+    }
+}
+
+/// Whether two scalars are the same value (numbers by value: 5000 and 5000.0).
+fn same_leaf(a: &Value, b: &Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// An object of arguments without its booleans (other values as they are).
+fn without_booleans(args: &Value) -> Value {
+    match args {
+        Value::Object(m) => {
+            Value::Object(m.iter().filter(|(_, v)| !v.is_boolean()).map(|(k, v)| (k.clone(), v.clone())).collect())
+        }
+        other => other.clone(),
     }
 }
 
@@ -367,7 +365,7 @@ mod tests {
             ChatMessage::system("You are in Paris."),
             ChatMessage::user("Find rock and jazz concerts in San Francisco on 2024-05-01, 3 tickets."),
         ];
-        let g = |args| grounding(&call(args), &conv);
+        let g = |args| Evidence::of(&conv).grounding(&call(args));
         assert_eq!(g(json!({"city": "San Francisco", "genre": "Rock", "date": "2024-05-01", "n": 3})), Some(1.0));
         assert_eq!(g(json!({"url": "https://muffin.example.com/api"})), Some(0.0));
         // Half the words of one value, all of the other: the mean of the values.
@@ -383,12 +381,15 @@ mod tests {
     #[test]
     fn tool_results_ground_later_calls_and_numbers_match_as_written() {
         let conv = [ChatMessage::user("Add 0.5 to the total."), ChatMessage::new(Role::Tool, "total: 41")];
-        assert_eq!(grounding(&call(json!({"a": 41, "b": 0.5})), &conv), Some(1.0));
+        assert_eq!(Evidence::of(&conv).grounding(&call(json!({"a": 41, "b": 0.5}))), Some(1.0));
         // 0.05 is not 0.5: "05" is not a word of the conversation.
-        assert_eq!(grounding(&call(json!({"b": 0.05})), &conv), Some(0.5));
+        assert_eq!(Evidence::of(&conv).grounding(&call(json!({"b": 0.05}))), Some(0.5));
         // Numbers as written, with separators or as a percentage, count whole; numbers in words do not.
         let conv = [ChatMessage::user("Net income $1,000,000 at 5%, twice.")];
-        assert_eq!(grounding(&call(json!({"income": 1000000, "rate": 0.05, "times": 2})), &conv), Some(2.0 / 3.0));
+        assert_eq!(
+            Evidence::of(&conv).grounding(&call(json!({"income": 1000000, "rate": 0.05, "times": 2}))),
+            Some(2.0 / 3.0)
+        );
     }
 
     #[test]
@@ -398,7 +399,7 @@ mod tests {
         )];
         let c = |tool: &str, args: Value| ToolCall { tool: tool.into(), args };
         let ny = c("weather", json!({"city": "New York", "units": "metric"}));
-        let new = |call: &ToolCall, earlier: &[ToolCall]| is_new_requested_item(call, earlier, &conv);
+        let new = |call: &ToolCall, earlier: &[ToolCall]| Evidence::of(&conv).is_new_requested_item(call, earlier);
         let after_ny = std::slice::from_ref(&ny);
         // Another city of the list: a new item.
         assert!(new(&c("weather", json!({"city": "Los Angeles", "units": "metric"})), after_ny));
@@ -424,15 +425,18 @@ mod tests {
             "city": "Lisbon", "times": 2, "top": 5, "game": "Chess", "region": "são paulo", "stats": true,
             "rating": 2500, "season": "2019-2020", "tags": ["chess", "blitz"], "count": 7, "note": ""
         }));
-        assert!(drop_unstated_options(&mut c, &schema, &conv));
+        assert!(Evidence::of(&conv).drop_unstated_options(&mut c, &schema));
         let kept: Vec<&str> = c.args.as_object().unwrap().keys().map(String::as_str).collect();
         // Required (even made up), a number in words, a written number, a word, a non-ASCII word, a boolean,
         // an empty string; not a made-up number, a made-up string, a list with a made-up item.
         assert_eq!(kept, ["city", "times", "top", "game", "region", "stats", "note"]);
-        assert!(!drop_unstated_options(&mut c, &schema, &conv), "nothing more to leave out");
+        assert!(!Evidence::of(&conv).drop_unstated_options(&mut c, &schema), "nothing more to leave out");
         let mut c = call(json!({"order": "chronological", "size": "larger"}));
         let conv = [ChatMessage::user("Sorted chronologically, the large one")];
-        assert!(!drop_unstated_options(&mut c, &json!({}), &conv), "longer and shorter forms of a word count");
+        assert!(
+            !Evidence::of(&conv).drop_unstated_options(&mut c, &json!({})),
+            "longer and shorter forms of a word count"
+        );
     }
 
     #[test]
@@ -446,7 +450,7 @@ mod tests {
             "genre": "Poetry", "title": "The Great Gatsby", "branch": "the New York Public", "of": "at",
             "detailed": true, "verbose": true, "available": true, "kids": false
         }));
-        assert!(drop_unstated_options(&mut c, &schema, &conv));
+        assert!(Evidence::of(&conv).drop_unstated_options(&mut c, &schema));
         let kept: Vec<&str> = c.args.as_object().unwrap().keys().map(String::as_str).collect();
         // Required (made up); a value with a content word; one of function words only, judged by them; a
         // boolean named by a word sharing its first four letters, one at its default. Not a title whose
@@ -466,7 +470,7 @@ mod tests {
             c("recipe", json!({"diet": "gluten free", "homemade": false})),
             c("forecast", json!({"city": "Boston", "days": 5})),
         ];
-        assert!(drop_unstated_calls(&mut calls, &conv));
+        assert!(Evidence::of(&conv).drop_unstated_calls(&mut calls));
         // A value of an earlier call counts as stated (5.0 as 5); a made-up number, a repeat but for a
         // boolean and a made-up city go.
         let kept: Vec<String> = calls.iter().map(|c| format!("{} {}", c.tool, c.args)).collect();
@@ -478,23 +482,23 @@ mod tests {
                 r#"recipe {"diet":"gluten free","homemade":true}"#
             ]
         );
-        assert!(!drop_unstated_calls(&mut calls, &conv), "nothing more to leave out");
+        assert!(!Evidence::of(&conv).drop_unstated_calls(&mut calls), "nothing more to leave out");
         // The first call is the decision's own: kept even when made up (abstention judges it).
         let mut calls = vec![c("forecast", json!({"city": "Oslo"}))];
-        assert!(!drop_unstated_calls(&mut calls, &conv));
+        assert!(!Evidence::of(&conv).drop_unstated_calls(&mut calls));
     }
 
     #[test]
     fn numbers_are_found_next_to_their_units() {
         let conv = [ChatMessage::user("A cuboid 10m high; charges of 5C and 7C, gate B12.")];
-        assert_eq!(grounding(&call(json!({"h": 10, "q": [5, 7], "gate": "b12"})), &conv), Some(1.0));
+        assert_eq!(Evidence::of(&conv).grounding(&call(json!({"h": 10, "q": [5, 7], "gate": "b12"}))), Some(1.0));
         assert_eq!(words("x10m 2.5kg").collect::<Vec<_>>(), ["x", "10", "m", "2", "5", "kg"]);
     }
 
     #[test]
     fn unspaced_scripts_match_inside_the_text() {
         let conv = [ChatMessage::user("请帮我查询北京的天气")];
-        assert_eq!(grounding(&call(json!({"city": "北京"})), &conv), Some(1.0));
-        assert_eq!(grounding(&call(json!({"city": "上海"})), &conv), Some(0.0));
+        assert_eq!(Evidence::of(&conv).grounding(&call(json!({"city": "北京"}))), Some(1.0));
+        assert_eq!(Evidence::of(&conv).grounding(&call(json!({"city": "上海"}))), Some(0.0));
     }
 }

@@ -74,23 +74,23 @@ pub struct AgentConfig {
     /// Under `auto`, after a call that failed (a tool error, timeout or panic), make the next decision a
     /// call: small models otherwise answer with the error instead of fixing the call. Not twice in a row.
     pub call_after_error: bool,
-    /// Under `auto`, a first decision whose first call's [`grounding`](grounding::grounding) (the share of
+    /// Under `auto`, a first decision whose first call's [`grounding`](grounding::Evidence::grounding) (the share of
     /// its argument values found in the user's words) is below this becomes an answer: the model is asked
     /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
     /// it made up; this makes "no tool fits" a calibrated choice. `None`: calls are kept as decided.
     pub abstain_below: Option<f32>,
     /// Native format with `decision.parallel_calls` above 1: after a decision's calls, propose one more
     /// (the model continues its reply under a one-call grammar) and keep it when it is a new item the
-    /// request asked for ([`is_new_requested_item`](grounding::is_new_requested_item)); repeat up to the
+    /// request asked for ([`is_new_requested_item`](grounding::Evidence::is_new_requested_item)); repeat up to the
     /// limit. Small models stop after the first of several requested calls.
     pub propose_more_calls: bool,
     /// Native format: leave out of each call the optional arguments whose values the conversation does
-    /// not state ([`drop_unstated_options`](grounding::drop_unstated_options)), so that the model can be
+    /// not state ([`drop_unstated_options`](grounding::Evidence::drop_unstated_options)), so that the model can be
     /// let to write optional arguments (a close bias of 0) without keeping the ones it makes up.
     pub drop_unstated_options: bool,
     /// Native format: leave out of a decision the calls after its first that bring a value the conversation
     /// does not state, or that repeat an earlier call but for booleans
-    /// ([`drop_unstated_calls`](grounding::drop_unstated_calls)); the model, pushed to make one more call
+    /// ([`drop_unstated_calls`](grounding::Evidence::drop_unstated_calls)); the model, pushed to make one more call
     /// (`more_calls` bias), otherwise adds calls the request does not ask for.
     pub drop_unstated_calls: bool,
 }

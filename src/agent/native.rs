@@ -198,7 +198,7 @@ pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOp
 
 /// The grammar of one more call after a native decision's calls (the separator, then one call to a tool
 /// `choice` allows), for proposing a call the model did not make (see
-/// [`is_new_requested_item`](super::grounding::is_new_requested_item)).
+/// [`is_new_requested_item`](super::grounding::Evidence::is_new_requested_item)).
 pub fn native_extension_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
     let callable = callable(tools, choice);
     if callable.is_empty() {

@@ -8,7 +8,8 @@ use serde_json::Value;
 use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{self, DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, CallRecord, DecisionStats, RunStats, Step, StopReason, Transcript};
-use super::{grounding, native, Agent, AgentConfig};
+use super::grounding::Evidence;
+use super::{native, Agent, AgentConfig};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
@@ -174,9 +175,10 @@ impl Agent {
         // The first free choice between calling and answering: a call made of values the user never
         // wrote means no listed tool fits.
         let free_first = run.steps.is_empty() && !forced_call && !run.force_answer && has_tools;
+        let evidence = Evidence::of(messages);
         let grounding =
             match (free_first && self.config.tool_choice == ToolChoice::Auto, decided.decision.calls().first()) {
-                (true, Some(call)) => grounding::grounding(call, messages),
+                (true, Some(call)) => evidence.grounding(call),
                 _ => None,
             };
         if let (Some(g), Some(threshold)) = (grounding, self.config.abstain_below) {
@@ -192,10 +194,10 @@ impl Agent {
         }
         // After abstention, which looks at the first call only: a dropped decision needs no more calls.
         if let Some(more) = &grammars.more_calls {
-            self.propose_more_calls(step_no, messages, &mut decided, more, tools, &mut run.stats)?;
+            self.propose_more_calls(step_no, messages, &evidence, &mut decided, more, tools, &mut run.stats)?;
         }
         if self.config.format == DecisionFormat::Native {
-            self.drop_unstated(messages, &mut decided);
+            self.drop_unstated(&evidence, &mut decided);
         }
         let Decided { decision, text, stats, retries } = decided;
         self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
@@ -220,6 +222,7 @@ impl Agent {
         &mut self,
         step: usize,
         messages: &[ChatMessage],
+        evidence: &Evidence,
         decided: &mut Decided,
         grammar: &Grammar,
         tools: Option<&Value>,
@@ -246,7 +249,7 @@ impl Agent {
                 _ => break,
             };
             let [call] = proposed.as_slice() else { break };
-            let kept = self.check_call(call).is_ok() && grounding::is_new_requested_item(call, &calls, messages);
+            let kept = self.check_call(call).is_ok() && evidence.is_new_requested_item(call, &calls);
             self.emit(AgentEvent::CallProposed { step, call: call.clone(), kept });
             if !kept {
                 break;
@@ -263,18 +266,18 @@ impl Agent {
     /// Leaves out of the decision's calls the optional arguments the conversation does not state, then
     /// the later calls it does not state (as the settings say); the reply kept in the conversation then
     /// shows the calls as they are made.
-    fn drop_unstated(&self, messages: &[ChatMessage], decided: &mut Decided) {
+    fn drop_unstated(&self, evidence: &Evidence, decided: &mut Decided) {
         let mut calls = decided.decision.calls();
         let mut dropped = false;
         if self.config.drop_unstated_options {
             for call in &mut calls {
                 if let Some(tool) = self.executor.tools().get(&call.tool) {
-                    dropped |= grounding::drop_unstated_options(call, &tool.spec().parameters, messages);
+                    dropped |= evidence.drop_unstated_options(call, &tool.spec().parameters);
                 }
             }
         }
         if self.config.drop_unstated_calls {
-            dropped |= grounding::drop_unstated_calls(&mut calls, messages);
+            dropped |= evidence.drop_unstated_calls(&mut calls);
         }
         if dropped {
             decided.text = native::render_calls(&calls);
