@@ -497,3 +497,69 @@ fn tool_schemas_with_definitions_work_in_both_formats() {
     let call = "<tool_call>\n{\"name\": \"tree\", \"arguments\": {\"root\": {\"label\": \"x\", \"kids\": [{\"label\": \"y\"}]}}}\n</tool_call>";
     assert!(accepts(&engine, &tok, &Grammar::Lark(native), call));
 }
+
+/// Greedy decoding of `grammar` by fixed preferences (a logit per token text, the rest 0), without a
+/// model: the text written.
+fn decode_by_preference(grammar: &Grammar, prefer: &[(&str, f32)], max_tokens: usize) -> String {
+    let (engine, tok) = engine();
+    let mut c = engine.constraint(grammar).unwrap();
+    let mut base = vec![0.0f32; tok.vocab_size()];
+    for (text, logit) in prefer {
+        let ids = tok.encode(text, false).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?} is one token");
+        base[ids[0] as usize] = *logit;
+    }
+    let mut out = Vec::new();
+    while out.len() < max_tokens && !c.is_finished() {
+        out.extend(c.forced_tokens().unwrap());
+        if c.is_finished() {
+            break;
+        }
+        let mut logits = base.clone();
+        c.mask_logits(&mut logits).unwrap();
+        let (best, _) =
+            logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &l)| if l > b.1 { (i, l) } else { b });
+        if Some(best as u32) == tok.eos() || c.is_accepting() && logits[best] == f32::NEG_INFINITY {
+            break;
+        }
+        c.consume(best as u32).unwrap();
+        out.push(best as u32);
+    }
+    tok.decode(&out, false).unwrap()
+}
+
+fn longest_digit_run(s: &str) -> usize {
+    s.split(|c: char| !c.is_ascii_digit()).map(str::len).max().unwrap_or(0)
+}
+
+/// A model that runs a number on ("100000…", "0.00000…") meets the digit cap: the number ends within the
+/// token limit, its exponent still allowed; a run the grammar itself requires is never cut.
+#[test]
+fn runs_of_digits_are_capped_unless_the_grammar_needs_them() {
+    use reagent::decode::constraint::MAX_DIGIT_RUN;
+    let number = Grammar::JsonSchema(json!({"type": "object", "properties": {"x": {"type": "number"}},
+        "required": ["x"], "additionalProperties": false, "x-guidance": {"whitespace_flexible": false}}));
+    // Digits first, then a point, then the end of the object.
+    let text = decode_by_preference(&number, &[("1", 10.0), ("0", 9.0), (".", 5.0), ("}", 4.0)], 200);
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(v["x"].is_number(), "{text}");
+    assert_eq!(longest_digit_run(&text), MAX_DIGIT_RUN, "{text}");
+    assert!(text.contains('.'), "the fraction runs to the cap too: {text}");
+    // The exponent form stays open to numbers in the decision grammar (it bounds only integers).
+    let force = ToolSpec::new(
+        "force",
+        "Force between charges",
+        json!({"type": "object", "properties": {"permittivity": {"type": "number"}, "n": {"type": "integer"}}}),
+    )
+    .unwrap();
+    let schema = decision_schema(&[force], &ToolChoice::Required, &DecisionOptions::default()).unwrap();
+    check_table(
+        Grammar::JsonSchema(schema),
+        &[r#"{"thought":"","type":"call_tool","tool":"force","args":{"permittivity":8.854e-12}}"#],
+        &[r#"{"thought":"","type":"call_tool","tool":"force","args":{"n":1e3}}"#],
+    );
+    // A pattern that needs thirty digits gets them.
+    let thirty = Grammar::JsonSchema(json!({"type": "string", "pattern": "^[0-9]{30}$"}));
+    let text = decode_by_preference(&thirty, &[("1", 10.0)], 200);
+    assert_eq!(longest_digit_run(&text), 30, "{text}");
+}

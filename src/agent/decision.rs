@@ -107,6 +107,9 @@ pub struct DecisionOptions {
     pub max_string_chars: usize,
     /// Maximum items of any array argument without its own `maxItems`.
     pub max_array_items: usize,
+    /// Maximum items of an array of objects or arrays without its own `maxItems` (each item takes many
+    /// tokens: a made-up list of 32 ingredients runs past the decision's token limit).
+    pub max_nested_items: usize,
     /// Allow up to this many calls in one decision (`type: call_tools`); `None` or `Some(1)`: single calls.
     pub parallel_calls: Option<usize>,
     /// Maximum tokens of a native-format answer (ReAct answers are bounded by `max_string_chars`).
@@ -119,6 +122,7 @@ impl Default for DecisionOptions {
             max_thought_chars: 200,
             max_string_chars: 1000,
             max_array_items: 32,
+            max_nested_items: 8,
             parallel_calls: None,
             max_answer_tokens: 400,
         }
@@ -295,10 +299,10 @@ fn rewrite_refs(v: &mut Value, tool: &str, recursive: &mut bool) {
     }
 }
 
-/// The bound given to numbers without their own: fifteen digits before the point.
+/// The bound given to integers without their own: fifteen digits, as many as a double holds exactly.
 pub const MAX_NUMBER: i64 = 999_999_999_999_999;
 
-/// A tool's argument schema with length bounds added where it has none (strings, arrays, and numbers:
+/// A tool's argument schema with length bounds added where it has none (strings, arrays, and integers:
 /// [`MAX_NUMBER`]), and `additionalProperties: false` on objects that do not say otherwise (a decision
 /// may not invent arguments).
 pub(crate) fn bounded_args(schema: &Value, opts: &DecisionOptions) -> Value {
@@ -322,11 +326,14 @@ fn bound(v: &mut Value, opts: &DecisionOptions) {
         o.entry("maxLength").or_insert_with(|| json!(opts.max_string_chars));
     }
     if is(o, "array") {
-        o.entry("maxItems").or_insert_with(|| json!(opts.max_array_items));
+        let nested = o.get("items").and_then(Value::as_object).is_some_and(|i| is(i, "object") || is(i, "array"));
+        let most = if nested { opts.max_nested_items } else { opts.max_array_items };
+        o.entry("maxItems").or_insert_with(|| json!(most));
     }
     // A small model can run a number on ("100000000000000000000…") until the token limit cuts the decision
-    // off; fifteen digits before the point are as many as a double holds exactly.
-    if (is(o, "integer") || is(o, "number")) && !o.contains_key("enum") && !o.contains_key("const") {
+    // off. Integers are bounded here; numbers are not (a bound takes away their exponent: "8.854e-12"), and
+    // constrained decoding caps every run of digits (`MAX_DIGIT_RUN`), their fraction's too.
+    if is(o, "integer") && !is(o, "number") && !o.contains_key("enum") && !o.contains_key("const") {
         let given = |o: &Map<String, Value>, keys: [&str; 2]| keys.iter().find_map(|k| o.get(*k)?.as_f64());
         let (low, high) = (given(o, ["minimum", "exclusiveMinimum"]), given(o, ["maximum", "exclusiveMaximum"]));
         let max = MAX_NUMBER as f64;
@@ -509,18 +516,38 @@ mod tests {
     }
 
     #[test]
-    fn numbers_without_bounds_get_fifteen_digits() {
+    fn integers_without_bounds_get_fifteen_digits() {
         let schema = json!({"type": "object", "properties": {
-            "n": {"type": "integer"}, "x": {"type": ["number", "null"]}, "pct": {"type": "number", "maximum": 100},
-            "k": {"type": "integer", "enum": [1, 2]}
+            "n": {"type": "integer"}, "x": {"type": ["number", "null"]}, "pct": {"type": "integer", "maximum": 100},
+            "k": {"type": "integer", "enum": [1, 2]}, "y": {"type": "number"}
         }});
         let b = bounded_args(&schema, &DecisionOptions::default());
         assert_eq!(b["properties"]["n"]["maximum"], MAX_NUMBER);
         assert_eq!(b["properties"]["n"]["minimum"], -MAX_NUMBER);
-        assert_eq!(b["properties"]["x"]["maximum"], MAX_NUMBER);
         assert_eq!(b["properties"]["pct"]["maximum"], 100, "its own bound is kept");
         assert_eq!(b["properties"]["pct"]["minimum"], -MAX_NUMBER, "the missing side is added");
         assert!(b["properties"]["k"].get("maximum").is_none(), "an enum is bound enough");
+        for free in ["x", "y"] {
+            assert!(b["properties"][free].get("maximum").is_none(), "a number keeps its exponent: {free}");
+        }
+    }
+
+    #[test]
+    fn arrays_of_objects_get_fewer_items_than_arrays_of_scalars() {
+        let schema = json!({"type": "object", "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "ingredients": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+            "grid": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+            "few": {"type": "array", "items": {"type": "object"}, "maxItems": 50}
+        }});
+        let opts = DecisionOptions::default();
+        let b = bounded_args(&schema, &opts);
+        assert_eq!(b["properties"]["tags"]["maxItems"], opts.max_array_items);
+        assert_eq!(b["properties"]["ingredients"]["maxItems"], opts.max_nested_items);
+        assert_eq!(b["properties"]["grid"]["maxItems"], opts.max_nested_items);
+        assert_eq!(b["properties"]["grid"]["items"]["maxItems"], opts.max_array_items, "its rows hold scalars");
+        assert_eq!(b["properties"]["few"]["maxItems"], 50, "its own bound is kept");
+        assert!(opts.max_nested_items < opts.max_array_items);
     }
 
     #[test]

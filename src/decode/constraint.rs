@@ -69,10 +69,55 @@ impl TokenizerEnv for TokenEnv {
     }
 }
 
+/// The longest run of ASCII digits constrained output may hold. A small model can run a number on
+/// ("100000000000000.000000000…", a digit repeated) until the token limit cuts the output off, invalid;
+/// past this run a digit is allowed only where the grammar allows nothing else. Twenty-four digits are
+/// more than any integer a double holds exactly and any card, phone or account number.
+pub const MAX_DIGIT_RUN: usize = 24;
+
 /// The shared, per-tokenizer part of constrained decoding.
 pub struct GrammarEngine {
     factory: Arc<ParserFactory>,
     vocab: usize,
+    digits: Arc<DigitTable>,
+}
+
+/// Each token's digits at its two ends, to follow the run of digits at the end of the output.
+#[derive(Debug, Default)]
+struct DigitTable {
+    /// Per token: its leading digits, its trailing digits, and whether it is all digits.
+    ends: Vec<(u8, u8, bool)>,
+    /// Tokens that start with a digit.
+    starters: Vec<u32>,
+    /// The most leading digits of any token.
+    max_lead: usize,
+}
+
+impl DigitTable {
+    fn new(words: &[Vec<u8>]) -> Self {
+        let digits = |it: &mut dyn Iterator<Item = &u8>| it.take_while(|b| b.is_ascii_digit()).count().min(255) as u8;
+        let mut table = DigitTable::default();
+        for (id, w) in words.iter().enumerate() {
+            let lead = digits(&mut w.iter());
+            let all = !w.is_empty() && lead as usize == w.len();
+            let trail = if all { lead } else { digits(&mut w.iter().rev()) };
+            table.ends.push((lead, trail, all));
+            if lead > 0 {
+                table.starters.push(id as u32);
+                table.max_lead = table.max_lead.max(lead as usize);
+            }
+        }
+        table
+    }
+
+    /// The run of digits at the end of the output once `token` follows a run of `run`.
+    fn after(&self, run: usize, token: u32) -> usize {
+        match self.ends.get(token as usize) {
+            Some(&(lead, _, true)) => run + lead as usize,
+            Some(&(_, trail, false)) => trail as usize,
+            None => 0,
+        }
+    }
 }
 
 impl std::fmt::Debug for GrammarEngine {
@@ -106,6 +151,7 @@ impl GrammarEngine {
             });
         }
         words.resize(vocab, Vec::new());
+        let digits = Arc::new(DigitTable::new(&words));
         let stops: Vec<u32> = stop_tokens.iter().copied().filter(|&t| (t as usize) < vocab).collect();
         let eos = stops.first().copied().or(tokenizer.eos()).ok_or_else(|| Error::Constraint {
             problem: "the model has no end-of-sequence token to end constrained output".into(),
@@ -120,7 +166,7 @@ impl GrammarEngine {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Matcher(e.into()))?;
         factory.quiet();
         *factory.limits_mut() = ParserLimits { verbose_errors: false, ..ParserLimits::default() };
-        Ok(Self { factory: Arc::new(factory), vocab })
+        Ok(Self { factory: Arc::new(factory), vocab, digits })
     }
 
     /// Compiles `grammar` into a fresh matcher. Invalid or unsupported grammars fail here, before any
@@ -164,6 +210,8 @@ impl GrammarEngine {
             branches: Vec::new(),
             consumed: 0,
             last: None,
+            digits: self.digits.clone(),
+            runs: Vec::new(),
         })
     }
 }
@@ -280,6 +328,9 @@ pub struct Constraint {
     /// Tokens consumed so far, and the last of them (for [`BranchPoint`]s).
     consumed: usize,
     last: Option<u32>,
+    digits: Arc<DigitTable>,
+    /// The run of digits at the end of the output after each consumed token (see [`MAX_DIGIT_RUN`]).
+    runs: Vec<usize>,
 }
 
 impl Constraint {
@@ -296,6 +347,7 @@ impl Constraint {
         }
         let ff = self.matcher.consume_ff_tokens();
         self.check()?;
+        ff.iter().for_each(|&t| self.push_run(t));
         if let Some(&t) = ff.last() {
             self.pending_mask = None;
             self.stats.forced_tokens += ff.len();
@@ -328,6 +380,7 @@ impl Constraint {
         };
         let n = self.vocab.min(logits.len());
         apply_mask(&mask, &mut logits[..n]);
+        self.cap_digit_run(logits);
         self.apply_branches(logits);
         Ok(())
     }
@@ -373,6 +426,7 @@ impl Constraint {
     pub fn consume(&mut self, token: u32) -> Result<()> {
         self.matcher.consume_token(token).map_err(|e| Error::Matcher(e.into()))?;
         self.stats.sampled_tokens += 1;
+        self.push_run(token);
         self.consumed += 1;
         self.last = Some(token);
         Ok(())
@@ -382,6 +436,7 @@ impl Constraint {
     pub fn consume_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
         self.pending_mask = None;
         let n = self.matcher.try_consume_tokens(tokens).map_err(|e| Error::Matcher(e.into()))?;
+        tokens[..n].iter().for_each(|&t| self.push_run(t));
         if n > 0 {
             self.consumed += n;
             self.last = Some(tokens[n - 1]);
@@ -393,8 +448,37 @@ impl Constraint {
     pub fn rollback(&mut self, n: usize) -> Result<()> {
         self.pending_mask = None;
         self.consumed = self.consumed.saturating_sub(n);
+        self.runs.truncate(self.runs.len().saturating_sub(n));
         self.last = None; // not known without the history; a rolled-back branch point is not re-biased
         self.matcher.rollback(n).map_err(|e| Error::Matcher(e.into()))
+    }
+
+    fn push_run(&mut self, token: u32) {
+        let run = self.digits.after(self.runs.last().copied().unwrap_or(0), token);
+        self.runs.push(run);
+    }
+
+    /// Forbids the digits that would take the output's run of digits past [`MAX_DIGIT_RUN`], unless the
+    /// grammar allows nothing else.
+    fn cap_digit_run(&self, logits: &mut [f32]) {
+        let run = self.runs.last().copied().unwrap_or(0);
+        if run + self.digits.max_lead <= MAX_DIGIT_RUN {
+            return;
+        }
+        let mut removed = Vec::new();
+        for &t in &self.digits.starters {
+            let lead = self.digits.ends[t as usize].0 as usize;
+            match logits.get_mut(t as usize) {
+                Some(l) if *l > f32::NEG_INFINITY && run + lead > MAX_DIGIT_RUN => {
+                    removed.push((t, *l));
+                    *l = f32::NEG_INFINITY;
+                }
+                _ => {}
+            }
+        }
+        if !removed.is_empty() && logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+            removed.into_iter().for_each(|(t, l)| logits[t as usize] = l);
+        }
     }
 
     /// The statistics so far.
