@@ -85,6 +85,13 @@ def is_new_requested_item(call, earlier, text):
             return True
         return all(w in known or (not w.isascii() and w in text) for w in leaf_words(leaf))
 
+    def mostly_grounds(leaf):
+        if isinstance(leaf, (int, float)) and any(abs(leaf - n) <= 1e-9 * max(abs(n), 1) for n in numbers):
+            return True
+        ws = leaf_words(leaf)
+        found = sum(w in known or (not w.isascii() and w in text) for w in ws)
+        return found > 0 and 2 * found >= len(ws)
+
     used = {w for e in earlier for l in leaves(e["arguments"]) for w in leaf_words(l)}
     new = [l for l in leaves(call["arguments"]) if leaf_words(l) and not set(leaf_words(l)) <= used]
     if not new or not all(grounds(l) for l in new):
@@ -96,7 +103,7 @@ def is_new_requested_item(call, earlier, text):
         if not isinstance(before, dict) or not isinstance(now, dict):
             return False
         changed = [v for k, v in before.items() if k in now and now[k] != v]
-        if not changed or not all(grounds(l) for v in changed for l in leaves(v)):
+        if not changed or not all(mostly_grounds(l) for v in changed for l in leaves(v)):
             return False
     return True
 

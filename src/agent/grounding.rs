@@ -60,7 +60,8 @@ impl Evidence {
     /// for: not a repeat; it brings at least one value no earlier call used, and every such value occurs in
     /// the user and tool turns (numbers also as written with thousands separators or as a percentage); and
     /// against each earlier call of the same tool it changes an argument both give (not a refinement that only
-    /// adds arguments), without replacing a value that was itself made up (a correction, not a new item).
+    /// adds arguments), without replacing a value that was itself made up, less than half of its words
+    /// occurring in the turns (a correction, not a new item; "San Francisco, CA" is not made up).
     ///
     /// Small models stop after the first of several requested calls ("weather in New York, Los Angeles, London
     /// and Tokyo" → one call); proposing one more and keeping it only when it passes this test recovers the
@@ -84,7 +85,7 @@ impl Evidence {
             let (Some(before), Some(now)) = (e.args.as_object(), call.args.as_object()) else { return false };
             let changed: Vec<&Value> =
                 before.iter().filter(|(k, v)| now.get(*k).is_some_and(|n| n != *v)).map(|(_, v)| v).collect();
-            !changed.is_empty() && changed.iter().all(|v| leaves(v).iter().all(|l| self.grounds(l)))
+            !changed.is_empty() && changed.iter().all(|v| leaves(v).iter().all(|l| self.mostly_grounds(l)))
         })
     }
 
@@ -159,6 +160,13 @@ impl Evidence {
     fn grounds(&self, leaf: &Value) -> bool {
         let (found, all) = self.words_found(leaf);
         found == all || self.is_written_number(leaf)
+    }
+
+    /// Whether at least half of a leaf value's words occur in the text (a number: whether it is written
+    /// there).
+    fn mostly_grounds(&self, leaf: &Value) -> bool {
+        let (found, all) = self.words_found(leaf);
+        2 * found >= all && found > 0 || self.is_written_number(leaf)
     }
 
     /// Whether a leaf is stated, leniently (see [`drop_unstated_options`]).
@@ -410,6 +418,9 @@ mod tests {
         // Replacing a value the model made up is a correction, not a second item.
         let made_up = c("hotel", json!({"near": "Times Square"}));
         assert!(!new(&c("hotel", json!({"near": "Manhattan"})), &[made_up]));
+        // An earlier value mostly from the request (a state abbreviated) is not made up: the next city is new.
+        let abbreviated = c("weather", json!({"city": "New York, NY", "units": "metric"}));
+        assert!(new(&c("weather", json!({"city": "Tokyo", "units": "metric"})), &[abbreviated]));
         // Numbers count as written: separators and percentages.
         assert!(new(&c("loan", json!({"amount": 1_500_000, "rate": 0.05})), after_ny));
         assert!(!new(&c("loan", json!({"amount": 1_400_000, "rate": 0.05})), &[ny]));
