@@ -73,6 +73,9 @@ pub struct DecisionDefaults {
     /// See [`crate::agent::AgentConfig::drop_unstated_calls`].
     #[serde(default)]
     pub drop_unstated_calls: bool,
+    /// Maximum characters of a ReAct decision's thought ([`crate::DecisionOptions::max_thought_chars`]);
+    /// absent: its default.
+    pub thought_chars: Option<usize>,
 }
 
 /// The model catalog.

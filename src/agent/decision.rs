@@ -449,17 +449,21 @@ pub fn decision_instructions(tools: &[ToolSpec], choice: &ToolChoice, opts: &Dec
     if *choice != ToolChoice::None && !tools.is_empty() {
         s.push_str(&example_exchange(choice, opts.parallel_calls.is_some_and(|n| n > 1)));
     }
+    if opts.max_thought_chars == 0 {
+        // The grammar leaves every thought empty: the format and the example show it so.
+        let thought = regex::Regex::new(r#""thought":"[^"]*""#).expect("a valid regex");
+        s = thought.replace_all(&s, r#""thought":"""#).into_owned();
+    }
     s
 }
 
-/// A concrete exchange with a made-up tool: small models copy placeholders literally, and they need to see
-/// the answer being taken from the observation. The made-up tool is used rather than one of the listed
-/// ones: an example call to a real tool gets copied into unrelated tasks.
+/// A concrete exchange with made-up tools: small models copy placeholders literally, and they need to see
+/// the answer being taken from the observation, and (one call at a time) a value read by one tool worked
+/// on by another rather than answered as read. Made-up tools are used rather than listed ones: an example
+/// call to a real tool gets copied into unrelated tasks.
 fn example_exchange(choice: &ToolChoice, parallel: bool) -> String {
     let mut s = String::new();
-    s.push_str(
-        "\nExample of a whole exchange, with a made-up tool `lookup_notes` (use only the tools listed above):\n",
-    );
+    s.push_str("\nExample of a whole exchange, with made-up tools (use only the tools listed above):\n");
     if parallel {
         s.push_str(
             "User: When are the dentist and the vet appointments?\n\
@@ -477,15 +481,18 @@ fn example_exchange(choice: &ToolChoice, parallel: bool) -> String {
         }
     } else {
         s.push_str(
-            "User: When is the dentist appointment?\n\
-             You: {\"thought\":\"The notes may say when the appointment is.\",\"type\":\"call_tool\",\
-             \"tool\":\"lookup_notes\",\"args\":{\"query\":\"dentist\"}}\n\
-             User: Observation: lookup_notes {\"query\":\"dentist\"} returned: dentist: Friday 3 pm; bring the card\n",
+            "User: How long is the hike in the notes, in miles?\n\
+             You: {\"thought\":\"The notes may give the hike's length.\",\"type\":\"call_tool\",\
+             \"tool\":\"lookup_notes\",\"args\":{\"query\":\"hike\"}}\n\
+             User: Observation: lookup_notes {\"query\":\"hike\"} returned: hike: 12 km along the ridge\n\
+             You: {\"thought\":\"12 km, asked in miles: a tool converts it.\",\"type\":\"call_tool\",\
+             \"tool\":\"convert_units\",\"args\":{\"value\":12,\"from\":\"km\",\"to\":\"mi\"}}\n\
+             User: Observation: convert_units {\"value\":12,\"from\":\"km\",\"to\":\"mi\"} returned: 7.46\n",
         );
         if matches!(choice, ToolChoice::Auto) {
             s.push_str(
-                "You: {\"thought\":\"The notes say the appointment is Friday at 3 pm.\",\"type\":\"final_answer\",\
-                 \"answer\":\"Friday at 3 pm\"}\n",
+                "You: {\"thought\":\"The conversion gives 7.46.\",\"type\":\"final_answer\",\
+                 \"answer\":\"7.46 miles\"}\n",
             );
         }
     }

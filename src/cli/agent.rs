@@ -136,11 +136,7 @@ fn run_config(a: &RunArgs) -> Result<AgentConfig> {
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
     let base = a.agent.config()?;
     Ok(AgentConfig {
-        decision: reagent::DecisionOptions {
-            max_thought_chars: a.max_thought_chars,
-            max_string_chars: a.max_string_chars,
-            ..base.decision
-        },
+        decision: reagent::DecisionOptions { max_string_chars: a.max_string_chars, ..base.decision },
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout,
         // Small models answer from memory what a tool would get right, so the CLI's first decision calls.

@@ -108,9 +108,6 @@ pub(crate) struct RunArgs {
     /// Token limit of one decision.
     #[arg(long, default_value_t = reagent::AgentConfig::default().max_decision_tokens)]
     pub(crate) max_decision_tokens: usize,
-    /// Maximum characters of a decision's thought (small models ramble).
-    #[arg(long, default_value_t = reagent::DecisionOptions::default().max_thought_chars)]
-    pub(crate) max_thought_chars: usize,
     /// Maximum characters of the answer and of string arguments without their own maxLength.
     #[arg(long, default_value_t = reagent::DecisionOptions::default().max_string_chars)]
     pub(crate) max_string_chars: usize,
@@ -227,6 +224,10 @@ pub(crate) struct DecisionArgs {
     /// request does not state, or repeat an earlier call but for booleans (default: the catalog's choice).
     #[arg(long, value_name = "yes|no")]
     pub(crate) drop_unstated_calls: Option<Toggle>,
+    /// Maximum characters of a ReAct decision's `thought`; 0 leaves it empty (default: the catalog's
+    /// value for the model, else 200).
+    #[arg(long)]
+    pub(crate) max_thought_chars: Option<usize>,
 }
 
 /// `yes` or `no`, for settings whose default comes from the catalog.
@@ -244,6 +245,7 @@ pub(crate) struct DecisionSettings {
     pub(crate) propose_more_calls: bool,
     pub(crate) drop_unstated_options: bool,
     pub(crate) drop_unstated_calls: bool,
+    pub(crate) max_thought_chars: usize,
 }
 
 impl DecisionSettings {
@@ -255,6 +257,7 @@ impl DecisionSettings {
         config.propose_more_calls = self.propose_more_calls;
         config.drop_unstated_options = self.drop_unstated_options;
         config.drop_unstated_calls = self.drop_unstated_calls;
+        config.decision.max_thought_chars = self.max_thought_chars;
     }
 }
 
@@ -271,8 +274,15 @@ impl std::fmt::Display for DecisionSettings {
             self.biases.end_list,
             if self.propose_more_calls { ", proposing more calls" } else { "" },
             if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" },
-            if self.drop_unstated_calls { ", dropping unstated later calls" } else { "" }
-        )
+            if self.drop_unstated_calls { ", dropping unstated later calls" } else { "" },
+        )?;
+        if self.format == reagent::agent::DecisionFormat::React {
+            match self.max_thought_chars {
+                0 => write!(f, ", no thought")?,
+                n => write!(f, ", thought of up to {n} characters")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -324,6 +334,10 @@ impl DecisionArgs {
             propose_more_calls,
             drop_unstated_options,
             drop_unstated_calls,
+            max_thought_chars: self
+                .max_thought_chars
+                .or(defaults.thought_chars)
+                .unwrap_or(reagent::DecisionOptions::default().max_thought_chars),
         })
     }
 }
