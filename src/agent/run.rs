@@ -193,11 +193,12 @@ impl Agent {
             }
         }
         // After abstention, which looks at the first call only: a dropped decision needs no more calls.
+        let turns = Turns { messages, evidence };
         if let Some(more) = &grammars.more_calls {
-            self.propose_more_calls(step_no, messages, &evidence, &mut decided, more, tools, &mut run.stats)?;
+            self.propose_more_calls(step_no, &turns, &mut decided, more, tools, &mut run.stats)?;
         }
         if self.config.format == DecisionFormat::Native {
-            self.drop_unstated(&evidence, &mut decided);
+            self.drop_unstated(&turns.evidence, &mut decided);
         }
         let Decided { decision, text, stats, retries } = decided;
         self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
@@ -221,8 +222,7 @@ impl Agent {
     fn propose_more_calls(
         &mut self,
         step: usize,
-        messages: &[ChatMessage],
-        evidence: &Evidence,
+        turns: &Turns,
         decided: &mut Decided,
         grammar: &Grammar,
         tools: Option<&Value>,
@@ -232,7 +232,7 @@ impl Agent {
         let mut calls = decided.decision.calls();
         while !calls.is_empty() && calls.len() < limit {
             let req = DecisionRequest {
-                messages,
+                messages: turns.messages,
                 grammar,
                 tools,
                 format: DecisionFormat::Native,
@@ -249,7 +249,7 @@ impl Agent {
                 _ => break,
             };
             let [call] = proposed.as_slice() else { break };
-            let kept = self.check_call(call).is_ok() && evidence.is_new_requested_item(call, &calls);
+            let kept = self.check_call(call).is_ok() && turns.evidence.is_new_requested_item(call, &calls);
             self.emit(AgentEvent::CallProposed { step, call: call.clone(), kept });
             if !kept {
                 break;
@@ -614,6 +614,12 @@ impl StepGrammar {
             },
         })
     }
+}
+
+/// A step's conversation and what its user and tool turns say (read once per step).
+struct Turns<'a> {
+    messages: &'a [ChatMessage],
+    evidence: Evidence,
 }
 
 enum Failure {
