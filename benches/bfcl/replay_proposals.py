@@ -80,17 +80,21 @@ def is_new_requested_item(call, earlier, text):
         return False
     known, numbers = set(words(text)), written_numbers(text)
 
+    def written(leaf):
+        return isinstance(leaf, (int, float)) and any(abs(leaf - n) <= 1e-9 * max(abs(n), 1) for n in numbers)
+
+    def found(leaf):
+        """How many of the leaf's words occur in the text, and of how many."""
+        ws = leaf_words(leaf)
+        return sum(w in known or (not w.isascii() and w in text) for w in ws), len(ws)
+
     def grounds(leaf):
-        if isinstance(leaf, (int, float)) and any(abs(leaf - n) <= 1e-9 * max(abs(n), 1) for n in numbers):
-            return True
-        return all(w in known or (not w.isascii() and w in text) for w in leaf_words(leaf))
+        hits, words_ = found(leaf)
+        return written(leaf) or hits == words_
 
     def mostly_grounds(leaf):
-        if isinstance(leaf, (int, float)) and any(abs(leaf - n) <= 1e-9 * max(abs(n), 1) for n in numbers):
-            return True
-        ws = leaf_words(leaf)
-        found = sum(w in known or (not w.isascii() and w in text) for w in ws)
-        return found > 0 and 2 * found >= len(ws)
+        hits, words_ = found(leaf)
+        return written(leaf) or (hits > 0 and 2 * hits >= words_)
 
     used = {w for e in earlier for l in leaves(e["arguments"]) for w in leaf_words(l)}
     new = [l for l in leaves(call["arguments"]) if leaf_words(l) and not set(leaf_words(l)) <= used]

@@ -208,7 +208,6 @@ impl GrammarEngine {
             vocab: self.vocab,
             stats,
             branches: Vec::new(),
-            consumed: 0,
             last: None,
             digits: self.digits.clone(),
             runs: Vec::new(),
@@ -325,11 +324,11 @@ pub struct Constraint {
     vocab: usize,
     stats: ConstraintStats,
     branches: Vec<BranchBias>,
-    /// Tokens consumed so far, and the last of them (for [`BranchPoint`]s).
-    consumed: usize,
+    /// The last token consumed (for [`BranchPoint`]s).
     last: Option<u32>,
     digits: Arc<DigitTable>,
-    /// The run of digits at the end of the output after each consumed token (see [`MAX_DIGIT_RUN`]).
+    /// One entry per token consumed so far (their count places [`BranchPoint::Start`]): the run of digits
+    /// at the end of the output after it (see [`MAX_DIGIT_RUN`]).
     runs: Vec<usize>,
 }
 
@@ -351,7 +350,6 @@ impl Constraint {
         if let Some(&t) = ff.last() {
             self.pending_mask = None;
             self.stats.forced_tokens += ff.len();
-            self.consumed += ff.len();
             self.last = Some(t);
         }
         Ok(ff)
@@ -388,7 +386,7 @@ impl Constraint {
     fn apply_branches(&mut self, logits: &mut [f32]) {
         for b in &self.branches {
             let here = match b.at {
-                BranchPoint::Start => self.consumed == 0,
+                BranchPoint::Start => self.runs.is_empty(),
                 BranchPoint::After(t) => self.last == Some(t),
                 BranchPoint::Anywhere => true,
             };
@@ -427,7 +425,6 @@ impl Constraint {
         self.matcher.consume_token(token).map_err(|e| Error::Matcher(e.into()))?;
         self.stats.sampled_tokens += 1;
         self.push_run(token);
-        self.consumed += 1;
         self.last = Some(token);
         Ok(())
     }
@@ -438,7 +435,6 @@ impl Constraint {
         let n = self.matcher.try_consume_tokens(tokens).map_err(|e| Error::Matcher(e.into()))?;
         tokens[..n].iter().for_each(|&t| self.push_run(t));
         if n > 0 {
-            self.consumed += n;
             self.last = Some(tokens[n - 1]);
         }
         Ok(n)
@@ -447,7 +443,6 @@ impl Constraint {
     /// Undoes the last `n` tokens (sampled or forced).
     pub fn rollback(&mut self, n: usize) -> Result<()> {
         self.pending_mask = None;
-        self.consumed = self.consumed.saturating_sub(n);
         self.runs.truncate(self.runs.len().saturating_sub(n));
         self.last = None; // not known without the history; a rolled-back branch point is not re-biased
         self.matcher.rollback(n).map_err(|e| Error::Matcher(e.into()))
