@@ -257,6 +257,54 @@ fn random_model_decisions_always_validate() {
     assert!(kinds.len() >= 2, "the random model should produce more than one kind of decision");
 }
 
+/// Whether constrained generations of the decision grammars end complete within a tight token limit (200),
+/// for a random-weight model whose strings would otherwise run on for hundreds of tokens. The tiny
+/// vocabulary is mostly single bytes (`"type":"call_tools"` is 18 tokens, not Qwen's 5), so the closing
+/// room is scaled up from the default [`CLOSE_WITHIN`](reagent::decode::generate::CLOSE_WITHIN) likewise.
+fn decisions_within_limit(close_within: usize) -> Vec<(String, bool)> {
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let stops = model.stop_tokens().to_vec();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), &stops).unwrap();
+    let opts = DecisionOptions { parallel_calls: Some(2), ..DecisionOptions::default() };
+    let schema = decision_schema(&tools(), &ToolChoice::Auto, &opts).unwrap();
+    let grammars = [Grammar::JsonSchema(schema.clone()), native(ToolChoice::Auto, opts)];
+    let prompt = tok.encode("hello world", false).unwrap();
+    let mut out = Vec::new();
+    for (g, grammar) in grammars.iter().enumerate() {
+        for seed in 0..12u64 {
+            let mut c = engine.constraint(grammar).unwrap();
+            let params = GenerateParams {
+                max_tokens: 200,
+                sampling: Sampling::Random { temperature: 1.0, top_k: None, top_p: None },
+                seed: seed * 7 + g as u64,
+                close_within,
+                ..GenerateParams::default()
+            };
+            let gen = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+            let complete = c.is_finished() || c.is_accepting() && gen.stop != reagent::FinishReason::MaxTokens;
+            let parses = match g {
+                0 => parse_decision(&gen.text, &schema).is_ok_and(|d| d.is_ok()),
+                _ => reagent::agent::native::parse_native(&gen.text).is_ok(),
+            };
+            out.push((format!("{} [{} tokens, {:?}]", gen.text, gen.tokens.len(), gen.stop), complete && parses));
+        }
+    }
+    out
+}
+
+/// Near the token limit constrained output is steered to close what is open: ReAct and native decisions of
+/// a model that never ends a string by itself still end complete and parse within the limit; without the
+/// steering they are cut off.
+#[test]
+fn decisions_close_before_the_token_limit() {
+    for (text, ok) in decisions_within_limit(100) {
+        assert!(ok, "cut off or unparsable: {text}");
+    }
+    let cut = decisions_within_limit(0).into_iter().filter(|(_, ok)| !ok).count();
+    assert!(cut > 0, "without closing, a random model's strings should run past the limit");
+}
+
 #[test]
 fn forced_tokens_are_counted_and_structure_is_forced() {
     let mut model = tiny_model(Arch::Qwen2);

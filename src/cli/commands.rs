@@ -91,7 +91,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
         sampling,
         seed: a.seed,
         stop_strings: a.stop.clone(),
-        ignore_eos: false,
+        ..GenerateParams::default()
     };
     let stops = model.stop_tokens().to_vec();
     // Compile the grammar before generating anything, so a bad grammar fails fast and cleanly.

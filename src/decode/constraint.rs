@@ -80,6 +80,25 @@ pub struct GrammarEngine {
     factory: Arc<ParserFactory>,
     vocab: usize,
     digits: Arc<DigitTable>,
+    closers: Arc<Vec<u32>>,
+}
+
+/// Tokens that close what is open rather than add to it: a quote, a bracket or a brace (with whitespace
+/// around), a closing tag (`</tool_call>`), a stop token. Near the token limit constrained output is
+/// steered to them ([`Constraint::prefer_closing`]).
+fn closing_tokens(words: &[Vec<u8>], stops: &[u32]) -> Vec<u32> {
+    let closes = |w: &[u8]| match w.split_first() {
+        Some((&TokTrie::SPECIAL_TOKEN_MARKER, text)) => text.starts_with(b"</"),
+        _ => {
+            w.iter().any(|b| matches!(b, b'"' | b'}' | b']'))
+                && w.iter().all(|b| matches!(b, b'"' | b'}' | b']') || b.is_ascii_whitespace())
+        }
+    };
+    let mut ids: Vec<u32> = (0..words.len() as u32).filter(|&t| closes(&words[t as usize])).collect();
+    ids.extend_from_slice(stops);
+    ids.sort_unstable();
+    ids.dedup();
+    ids
 }
 
 /// Each token's digits at its two ends, to follow the run of digits at the end of the output.
@@ -153,6 +172,7 @@ impl GrammarEngine {
         words.resize(vocab, Vec::new());
         let digits = Arc::new(DigitTable::new(&words));
         let stops: Vec<u32> = stop_tokens.iter().copied().filter(|&t| (t as usize) < vocab).collect();
+        let closers = Arc::new(closing_tokens(&words, &stops));
         let eos = stops.first().copied().or(tokenizer.eos()).ok_or_else(|| Error::Constraint {
             problem: "the model has no end-of-sequence token to end constrained output".into(),
         })?;
@@ -166,7 +186,7 @@ impl GrammarEngine {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| Error::Matcher(e.into()))?;
         factory.quiet();
         *factory.limits_mut() = ParserLimits { verbose_errors: false, ..ParserLimits::default() };
-        Ok(Self { factory: Arc::new(factory), vocab, digits })
+        Ok(Self { factory: Arc::new(factory), vocab, digits, closers })
     }
 
     /// Compiles `grammar` into a fresh matcher. Invalid or unsupported grammars fail here, before any
@@ -211,6 +231,7 @@ impl GrammarEngine {
             last: None,
             digits: self.digits.clone(),
             runs: Vec::new(),
+            closers: self.closers.clone(),
         })
     }
 }
@@ -330,6 +351,7 @@ pub struct Constraint {
     /// One entry per token consumed so far (their count places [`BranchPoint::Start`]): the run of digits
     /// at the end of the output after it (see [`MAX_DIGIT_RUN`]).
     runs: Vec<usize>,
+    closers: Arc<Vec<u32>>,
 }
 
 impl Constraint {
@@ -474,6 +496,24 @@ impl Constraint {
         if !removed.is_empty() && logits.iter().all(|&l| l == f32::NEG_INFINITY) {
             removed.into_iter().for_each(|(t, l)| logits[t as usize] = l);
         }
+    }
+
+    /// Near the token limit: where the grammar allows a token that closes what is open (a string's quote,
+    /// a bracket, a closing tag, a stop token), only those stay allowed, so that output a model runs on
+    /// ("1, 2, 3, …" in an answer) ends valid within the limit instead of being cut off. Elsewhere (inside
+    /// a number, before a required field) the mask is left as it is. Call after [`Self::mask_logits`].
+    pub fn prefer_closing(&self, logits: &mut [f32]) {
+        let kept: Vec<(u32, f32)> = self
+            .closers
+            .iter()
+            .filter_map(|&t| logits.get(t as usize).map(|&l| (t, l)))
+            .filter(|&(_, l)| l > f32::NEG_INFINITY)
+            .collect();
+        if kept.is_empty() {
+            return;
+        }
+        logits.fill(f32::NEG_INFINITY);
+        kept.into_iter().for_each(|(t, l)| logits[t as usize] = l);
     }
 
     /// The statistics so far.

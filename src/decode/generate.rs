@@ -14,6 +14,10 @@ use crate::text::tokenizer::{StreamDecoder, Tokenizer};
 /// Prompts longer than this are prefilled in chunks, bounding the attention scratch memory.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// The default [`GenerateParams::close_within`]: room for the end of a string, a few required fields
+/// and brackets, and a closing tag.
+pub const CLOSE_WITHIN: usize = 32;
+
 /// Parameters of one generation.
 #[derive(Debug, Clone)]
 pub struct GenerateParams {
@@ -24,11 +28,21 @@ pub struct GenerateParams {
     pub stop_strings: Vec<String>,
     /// Keep going past stop tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Under a grammar, the last this many tokens of `max_tokens` are steered to close what is open
+    /// ([`Constraint::prefer_closing`]), so that constrained output ends complete within the limit.
+    pub close_within: usize,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        Self { max_tokens: 256, sampling: Sampling::Greedy, seed: 0, stop_strings: Vec::new(), ignore_eos: false }
+        Self {
+            max_tokens: 256,
+            sampling: Sampling::Greedy,
+            seed: 0,
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+            close_within: CLOSE_WITHIN,
+        }
     }
 }
 
@@ -185,6 +199,9 @@ pub fn generate_continuing(
                 break FinishReason::GrammarComplete;
             }
             c.mask_logits(&mut logits)?;
+            if run.remaining() <= params.close_within {
+                c.prefer_closing(&mut logits);
+            }
         }
         let Some(next) = sampler.sample(&logits) else {
             return Err(match constraint {
@@ -229,6 +246,11 @@ impl Decoding<'_> {
     /// The position of the next token.
     fn pos(&self) -> usize {
         self.prompt_len + self.tokens.len()
+    }
+
+    /// Tokens left of the budget.
+    fn remaining(&self) -> usize {
+        self.params.max_tokens.saturating_sub(self.tokens.len())
     }
 
     /// The token budget spent, or an interrupt.
