@@ -7,9 +7,10 @@
 
 use candle_core::Device;
 
+use super::host;
 use super::layers::{
-    attention, forward_shared, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm,
-    Rope, RopeStyle, Weight,
+    attention, forward_shared, last_position, logits_to_vec, matvec_host, split_heads, GatedMlp, Hparams, KvCache,
+    Linear, RmsNorm, Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -46,6 +47,9 @@ pub struct Gemma3 {
     device: Device,
     len: usize,
     max_len: usize,
+    /// Decode steps run on host buffers ([`Gemma3::step`]): the CPU, every block's weights on the kernels.
+    host_steps: bool,
+    scratch: host::Scratch,
 }
 
 impl Gemma3 {
@@ -80,7 +84,7 @@ impl Gemma3 {
                 mlp: GatedMlp::load(g, &p, d, hp.ffn, true, dev)?,
                 post_ffn_norm: norm(g, "post_ffw_norm", d)?,
                 window: ((i + 1) % GLOBAL_EVERY != 0).then_some(window),
-                cache: KvCache::new(max_len),
+                cache: KvCache::new(max_len, dev),
             });
         }
         let norm = RmsNorm::load(g, "output_norm", d, hp.eps, dev)?;
@@ -91,7 +95,69 @@ impl Gemma3 {
         };
         let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, dev)?;
         let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;
-        Ok(Self { hp, embed, blocks, norm, output, rope_local, rope_global, device: dev.clone(), len: 0, max_len })
+        let host_steps = dev.is_cpu()
+            && blocks
+                .iter()
+                .all(|b| [&b.q, &b.k, &b.v, &b.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down].iter().all(|l| l.on_kernels()));
+        Ok(Self {
+            hp,
+            embed,
+            blocks,
+            norm,
+            output,
+            rope_local,
+            rope_global,
+            device: dev.clone(),
+            len: 0,
+            max_len,
+            host_steps,
+            scratch: Default::default(),
+        })
+    }
+
+    /// One token on host buffers (see `Llama::step`), with Gemma's scaled embedding, per-head q/k norms,
+    /// post-norms and sliding windows.
+    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (kv, hd) = (hp.kv_heads, hp.head_dim);
+        let pos = self.len;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let s = &mut self.scratch;
+        s.x = self.embed.rows(&[token], &self.device)?.flatten_all()?.to_vec1::<f32>()?;
+        let embed_scale = (hp.dim as f64).sqrt() as f32;
+        s.x.iter_mut().for_each(|x| *x *= embed_scale);
+        for b in &mut self.blocks {
+            b.attn_norm.host(&s.x, &mut s.h);
+            matvec_host([&b.q, &b.k, &b.v], &s.h, [&mut s.q, &mut s.k, &mut s.v])?;
+            b.q_norm.host_heads(&mut s.q);
+            b.k_norm.host_heads(&mut s.k);
+            let rope = if b.window.is_some() { &self.rope_local } else { &self.rope_global };
+            rope.host(&mut s.q, pos)?;
+            s.q.iter_mut().for_each(|x| *x *= scale);
+            rope.host(&mut s.k, pos)?;
+            b.cache.push_host(&s.k, &s.v, kv)?;
+            s.a.resize(s.q.len(), 0.0);
+            let view = b.cache.host().expect("a host cache on the CPU");
+            host::attend_one(&s.q, &view, b.window, &mut s.a);
+            matvec_host([&b.o], &s.a, [&mut s.y])?;
+            b.post_attn_norm.host(&s.y, &mut s.h);
+            host::add(&mut s.x, &s.h);
+            b.ffn_norm.host(&s.x, &mut s.h);
+            matvec_host([&b.mlp.gate, &b.mlp.up], &s.h, [&mut s.gate, &mut s.up])?;
+            host::gated(&mut s.gate, &s.up, b.mlp.gelu);
+            matvec_host([&b.mlp.down], &s.gate, [&mut s.y])?;
+            b.post_ffn_norm.host(&s.y, &mut s.h);
+            host::add(&mut s.x, &s.h);
+        }
+        self.len += 1;
+        self.norm.host(&s.x, &mut s.h);
+        if self.output.on_kernels() {
+            let mut logits = Vec::new();
+            matvec_host([&self.output], &s.h, [&mut logits])?;
+            return Ok(logits);
+        }
+        let x = candle_core::Tensor::from_slice(&s.h, (1, 1, s.h.len()), &self.device)?;
+        logits_to_vec(&self.output.forward(&x)?)
     }
 }
 
@@ -116,6 +182,9 @@ impl super::Network for Gemma3 {
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if let ([token], true) = (tokens, self.host_steps) {
+            return self.step(*token);
+        }
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
         let pos = self.len;

@@ -76,6 +76,8 @@ pub(crate) struct Linear {
     /// candle's layer over a [`Weight::Candle`].
     mm: Option<QMatMul>,
     b: Option<Tensor>,
+    /// The bias on the host, for [`matvec_host`] (CPU only).
+    b_host: Option<Vec<f32>>,
     /// Every product in f32 on dequantized weights (see `LoadOptions::f32_reference`).
     reference: bool,
 }
@@ -107,6 +109,9 @@ impl Linear {
             None
         };
         let mut l = Self::new(g, w)?;
+        if dev.is_cpu() {
+            l.b_host = b.as_ref().map(|b| b.to_vec1::<f32>()).transpose()?;
+        }
         l.b = b;
         Ok(l)
     }
@@ -117,7 +122,13 @@ impl Linear {
             Weight::Candle(q) => Some(QMatMul::from_arc(q.clone())?),
             Weight::Mapped { .. } => None,
         };
-        Ok(Self { w, mm, b: None, reference: g.f32_reference })
+        Ok(Self { w, mm, b: None, b_host: None, reference: g.f32_reference })
+    }
+
+    /// Whether single rows go through reagent's mat-vec kernels ([`matvec_host`]): weights mapped from the
+    /// file on the CPU, not the f32 reference.
+    pub(crate) fn on_kernels(&self) -> bool {
+        !self.reference && matches!(self.w, Weight::Mapped { .. })
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -179,8 +190,7 @@ impl Linear {
 pub(crate) fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor) -> Result<[Tensor; N]> {
     let k = x.dim(candle_core::D::Minus1)?;
     let rows = x.elem_count() / k;
-    let on_kernels = layers.iter().all(|l| !l.reference && matches!(l.w, Weight::Mapped { .. }));
-    if rows != 1 || !on_kernels || !x.device().is_cpu() {
+    if rows != 1 || !layers.iter().all(|l| l.on_kernels()) || !x.device().is_cpu() {
         let mut out = Vec::with_capacity(N);
         for l in layers {
             out.push(l.forward(x)?);
@@ -188,37 +198,57 @@ pub(crate) fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor) -
         return Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")));
     }
     let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let mut ys: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
+    matvec_host(layers, &xs, ys.each_mut())?;
+    let mut out = Vec::with_capacity(N);
+    for y in ys {
+        let n = y.len();
+        out.push(shaped_like(x, y, n)?);
+    }
+    Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")))
+}
+
+/// `ys[i] = x · W_iᵀ (+ b_i)` for one row on host buffers, every layer on the kernels
+/// ([`Linear::on_kernels`]): `x` quantized once per block size, every product in one dispatch to the
+/// workers. `ys` are resized to the layers' outputs.
+pub(crate) fn matvec_host<const N: usize>(layers: [&Linear; N], x: &[f32], ys: [&mut Vec<f32>; N]) -> Result<()> {
+    let k = x.len();
     // Activations quantized per 32-element block, and per super-block for the K-quants.
     let (mut per_block, mut per_super) = (None, None);
-    let mut ys = Vec::with_capacity(N);
     for l in &layers {
-        let Weight::Mapped { t, .. } = &l.w else { unreachable!("checked above") };
+        let (Weight::Mapped { t, .. }, false) = (&l.w, l.reference) else {
+            return Err(Error::param("layer", "single-row products on the host need weights on the kernels"));
+        };
+        let cols = l.w.dims()?.1;
+        if cols != k {
+            return Err(Error::param("x", format!("{k} values for a layer of {cols} inputs")));
+        }
         let slot = if t.block_elems() == kernels::QK { &mut per_block } else { &mut per_super };
         if slot.is_none() {
             let mut q = vec![Q8Block::default(); k / kernels::QK];
-            kernels::quantize_row_q8_for(*t, &xs, &mut q);
+            kernels::quantize_row_q8_for(*t, x, &mut q);
             *slot = Some(q);
         }
-        ys.push(vec![0f32; l.w.dims()?.0]);
     }
-    let mut jobs: Vec<kernels::MatVecJob> = layers
-        .iter()
-        .zip(ys.iter_mut())
-        .map(|(l, y)| {
-            let Weight::Mapped { t, m } = &l.w else { unreachable!("checked above") };
-            let x = if t.block_elems() == kernels::QK { &per_block } else { &per_super };
-            let x = x.as_deref().expect("quantized above");
-            kernels::MatVecJob { t: *t, w: m.bytes(), rows: y.len(), x, y }
-        })
-        .collect();
-    kernels::matvec_jobs(&mut jobs);
-    drop(jobs);
-    let mut out = Vec::with_capacity(N);
+    let mut jobs = Vec::with_capacity(N);
+    let mut biases = Vec::with_capacity(N);
     for (l, y) in layers.iter().zip(ys) {
-        let n = y.len();
-        out.push(l.add_bias(shaped_like(x, y, n)?)?);
+        let Weight::Mapped { t, m } = &l.w else { unreachable!("checked above") };
+        let rows = l.w.dims()?.0;
+        y.clear();
+        y.resize(rows, 0.0);
+        let x = if t.block_elems() == kernels::QK { &per_block } else { &per_super };
+        let x = x.as_deref().expect("quantized above");
+        biases.push(l.b_host.as_deref());
+        jobs.push(kernels::MatVecJob { t: *t, w: m.bytes(), rows, x, y: y.as_mut_slice() });
     }
-    Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")))
+    kernels::matvec_jobs(&mut jobs);
+    for (job, b) in jobs.iter_mut().zip(biases) {
+        if let Some(b) = b {
+            super::host::add(job.y, b);
+        }
+    }
+    Ok(())
 }
 
 /// Whether a batch goes through the AMX tile unit (see `model::amx`) for this weight.
@@ -249,13 +279,27 @@ fn shaped_like(x: &Tensor, y: Vec<f32>, n: usize) -> Result<Tensor> {
 /// RMS normalisation with a learned scale (GGUF stores Gemma's `1 + w` already folded in).
 pub(crate) struct RmsNorm {
     w: Tensor,
+    /// The scale on the host (CPU only), for [`Self::host`].
+    w_host: Vec<f32>,
     eps: f32,
 }
 
 impl RmsNorm {
     pub(crate) fn load(g: &GgufFile, name: &str, dim: usize, eps: f32, dev: &Device) -> Result<Self> {
         let w = g.tensor(&format!("{name}.weight"), Some(&[dim]), dev)?.dequantize(dev)?;
-        Ok(Self { w, eps })
+        let w_host = if dev.is_cpu() { w.to_dtype(DType::F32)?.to_vec1::<f32>()? } else { Vec::new() };
+        Ok(Self { w, w_host, eps })
+    }
+
+    /// `out = norm(x)` on host buffers (CPU only).
+    pub(crate) fn host(&self, x: &[f32], out: &mut Vec<f32>) {
+        out.resize(x.len(), 0.0);
+        super::host::rms_norm(x, &self.w_host, self.eps, out);
+    }
+
+    /// Every `w`-sized head of `x` normalised in place (CPU only).
+    pub(crate) fn host_heads(&self, x: &mut [f32]) {
+        super::host::rms_norm_heads(x, &self.w_host, self.eps, self.w_host.len());
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -277,6 +321,9 @@ pub(crate) struct Rope {
     cos: Tensor,
     sin: Tensor,
     style: RopeStyle,
+    /// The tables on the host (CPU only), `max_pos × dim/2` each, for [`Self::host`].
+    host: Option<(Vec<f32>, Vec<f32>)>,
+    half: usize,
 }
 
 impl Rope {
@@ -293,7 +340,31 @@ impl Rope {
         let pos =
             (Tensor::arange(0u32, max_pos as u32, dev)?.to_dtype(DType::F32)? / scale as f64)?.reshape((max_pos, 1))?;
         let freqs = pos.broadcast_mul(&inv)?;
-        Ok(Self { cos: freqs.cos()?, sin: freqs.sin()?, style })
+        let (cos, sin) = (freqs.cos()?, freqs.sin()?);
+        let host = match dev.is_cpu() {
+            true => Some((cos.flatten_all()?.to_vec1::<f32>()?, sin.flatten_all()?.to_vec1::<f32>()?)),
+            false => None,
+        };
+        Ok(Self { cos, sin, style, host, half: dim / 2 })
+    }
+
+    /// Rotates every head of `x` (host buffers, heads of exactly the rotary size) for position `pos`.
+    pub(crate) fn host(&self, x: &mut [f32], pos: usize) -> Result<()> {
+        let Some((cos, sin)) = &self.host else {
+            return Err(Error::param("rope", "rotary tables are on the host only on the CPU"));
+        };
+        let h = self.half;
+        let (cos, sin) = match (cos.get(pos * h..(pos + 1) * h), sin.get(pos * h..(pos + 1) * h)) {
+            (Some(c), Some(s)) => (c, s),
+            _ => return Err(Error::param("pos", format!("position {pos} is past the rotary tables"))),
+        };
+        super::host::rope(x, cos, sin, 2 * h, self.style == RopeStyle::Interleaved);
+        Ok(())
+    }
+
+    /// The rotary size (dimensions rotated per head).
+    pub(crate) fn dims(&self) -> usize {
+        2 * self.half
     }
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]` for positions `pos..pos+seq`.
@@ -311,25 +382,87 @@ impl Rope {
 
 /// Keys and values of one layer, grown in chunks and truncatable to any earlier length.
 ///
-/// Layout `[1, kv_heads, capacity, head_dim]`; only the first `len` positions are live. Truncation just
-/// moves `len`, so rolling back a rejected decision costs nothing.
+/// On the CPU they are host buffers, per KV head `len × head_dim`, which a decode step reads and extends in
+/// place ([`Self::push_host`], [`Self::host`]); the batched path gets them as `[1, kv_heads, len, head_dim]`
+/// tensors (a copy, as its attention made before). On other devices, tensors of that layout with room to
+/// grow. Truncation moves `len`, so rolling back a rejected decision costs nothing.
 pub(crate) struct KvCache {
-    k: Option<Tensor>,
-    v: Option<Tensor>,
+    store: KvStore,
     len: usize,
     max: usize,
+}
+
+enum KvStore {
+    /// Per KV head, `len × d` values (the buffers hold exactly `len` positions).
+    Host {
+        k: Vec<Vec<f32>>,
+        v: Vec<Vec<f32>>,
+        d: usize,
+    },
+    Device {
+        k: Option<Tensor>,
+        v: Option<Tensor>,
+    },
 }
 
 /// Positions added to a KV buffer when it grows (at the least).
 const KV_CHUNK: usize = 128;
 
+/// The capacity a buffer grows to for `needed` positions: whole chunks, and at least a quarter more than
+/// before so long contexts grow geometrically (the copies stay linear in the final length) while short ones
+/// waste at most a chunk; never past `max`.
+fn grown(cap: usize, needed: usize, max: usize) -> usize {
+    needed.div_ceil(KV_CHUNK).saturating_mul(KV_CHUNK).max(cap + cap / 4).min(max).max(needed)
+}
+
 impl KvCache {
-    pub(crate) fn new(max: usize) -> Self {
-        Self { k: None, v: None, len: 0, max }
+    pub(crate) fn new(max: usize, dev: &Device) -> Self {
+        let store = match dev.is_cpu() {
+            true => KvStore::Host { k: Vec::new(), v: Vec::new(), d: 0 },
+            false => KvStore::Device { k: None, v: None },
+        };
+        Self { store, len: 0, max }
     }
 
     pub(crate) fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        if let KvStore::Host { k, v, d } = &mut self.store {
+            let keep = self.len * *d;
+            k.iter_mut().chain(v.iter_mut()).for_each(|b| b.truncate(keep));
+        }
+    }
+
+    /// The live keys and values on the host (CPU only).
+    pub(crate) fn host(&self) -> Option<super::host::KvView<'_>> {
+        match &self.store {
+            KvStore::Host { k, v, d } => Some(super::host::KvView { k, v, len: self.len, d: *d }),
+            KvStore::Device { .. } => None,
+        }
+    }
+
+    /// Appends one position's keys and values (`kv_heads × d` each, host buffers; CPU only).
+    pub(crate) fn push_host(&mut self, keys: &[f32], values: &[f32], kv_heads: usize) -> Result<()> {
+        let KvStore::Host { k, v, d } = &mut self.store else {
+            return Err(Error::param("cache", "host buffers are for the CPU"));
+        };
+        if self.len >= self.max {
+            return Err(Error::ContextOverflow { needed: self.len + 1, capacity: self.max });
+        }
+        let hd = keys.len() / kv_heads;
+        if k.is_empty() {
+            *k = vec![Vec::new(); kv_heads];
+            *v = vec![Vec::new(); kv_heads];
+            *d = hd;
+        }
+        let (len, max) = (self.len, self.max);
+        for (buf, src) in k.iter_mut().zip(keys.chunks_exact(hd)).chain(v.iter_mut().zip(values.chunks_exact(hd))) {
+            if buf.capacity() < (len + 1) * hd {
+                buf.reserve_exact(grown(buf.capacity() / hd.max(1), len + 1, max) * hd - buf.len());
+            }
+            buf.extend_from_slice(src);
+        }
+        self.len += 1;
+        Ok(())
     }
 
     fn grow(buf: &Option<Tensor>, like: &Tensor, needed: usize, max: usize) -> Result<Tensor> {
@@ -338,30 +471,54 @@ impl KvCache {
         if cap >= needed {
             return Ok(buf.clone().expect("capacity implies a buffer"));
         }
-        // Whole chunks, and at least a quarter more than before so long contexts grow geometrically (the
-        // copies stay linear in the final length) while short ones waste at most a chunk.
-        let new_cap = needed.div_ceil(KV_CHUNK).saturating_mul(KV_CHUNK).max(cap + cap / 4).min(max).max(needed);
-        let fresh = Tensor::zeros((b, h, new_cap, d), like.dtype(), like.device())?;
+        let fresh = Tensor::zeros((b, h, grown(cap, needed, max), d), like.dtype(), like.device())?;
         if let Some(old) = buf {
             fresh.slice_set(old, 2, 0)?;
         }
         Ok(fresh)
     }
 
-    /// Appends `k`, `v` (`[1, kv_heads, seq, head_dim]`) and returns views of all live keys and values.
+    /// Appends `k`, `v` (`[1, kv_heads, seq, head_dim]`) and returns all live keys and values.
     pub(crate) fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let seq = k.dim(2)?;
+        let (_, kv_heads, seq, hd) = k.dims4()?;
         let needed = self.len + seq;
-        let kb = Self::grow(&self.k, k, needed, self.max)?;
-        let vb = Self::grow(&self.v, v, needed, self.max)?;
-        kb.slice_set(&k.contiguous()?, 2, self.len)?;
-        vb.slice_set(&v.contiguous()?, 2, self.len)?;
-        self.len = needed;
-        let ks = kb.narrow(2, 0, needed)?;
-        let vs = vb.narrow(2, 0, needed)?;
-        self.k = Some(kb);
-        self.v = Some(vb);
-        Ok((ks, vs))
+        match &mut self.store {
+            KvStore::Host { k: kh, v: vh, d } => {
+                if kh.is_empty() {
+                    *kh = vec![Vec::new(); kv_heads];
+                    *vh = vec![Vec::new(); kv_heads];
+                    *d = hd;
+                }
+                let live = |bufs: &mut Vec<Vec<f32>>, new: &Tensor| -> Result<Tensor> {
+                    let new = new.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                    let mut all = Vec::with_capacity(kv_heads * needed * hd);
+                    for (buf, src) in bufs.iter_mut().zip(new.chunks_exact(seq * hd)) {
+                        if buf.capacity() < needed * hd {
+                            buf.reserve_exact(grown(buf.capacity() / hd, needed, self.max) * hd - buf.len());
+                        }
+                        buf.extend_from_slice(src);
+                        all.extend_from_slice(buf);
+                    }
+                    Ok(Tensor::from_vec(all, (1, kv_heads, needed, hd), k.device())?)
+                };
+                let ks = live(kh, k)?;
+                let vs = live(vh, v)?;
+                self.len = needed;
+                Ok((ks, vs))
+            }
+            KvStore::Device { k: kb, v: vb } => {
+                let kt = Self::grow(kb, k, needed, self.max)?;
+                let vt = Self::grow(vb, v, needed, self.max)?;
+                kt.slice_set(&k.contiguous()?, 2, self.len)?;
+                vt.slice_set(&v.contiguous()?, 2, self.len)?;
+                self.len = needed;
+                let ks = kt.narrow(2, 0, needed)?;
+                let vs = vt.narrow(2, 0, needed)?;
+                *kb = Some(kt);
+                *vb = Some(vt);
+                Ok((ks, vs))
+            }
+        }
     }
 }
 

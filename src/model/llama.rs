@@ -6,9 +6,10 @@
 
 use candle_core::Device;
 
+use super::host;
 use super::layers::{
-    attention, forward_shared, last_position, logits_to_vec, split_heads, GatedMlp, Hparams, KvCache, Linear, RmsNorm,
-    Rope, RopeStyle, Weight,
+    attention, forward_shared, last_position, logits_to_vec, matvec_host, split_heads, GatedMlp, Hparams, KvCache,
+    Linear, RmsNorm, Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -42,6 +43,9 @@ pub struct Llama {
     device: Device,
     len: usize,
     max_len: usize,
+    /// Decode steps run on host buffers ([`Llama::step`]): the CPU, every block's weights on the kernels.
+    host_steps: bool,
+    scratch: host::Scratch,
 }
 
 impl Llama {
@@ -64,7 +68,7 @@ impl Llama {
                 o: Linear::load(g, &format!("{p}.attn_output"), [d, hp.heads * hd], dev)?,
                 ffn_norm: RmsNorm::load(g, &format!("{p}.ffn_norm"), d, hp.eps, dev)?,
                 mlp: GatedMlp::load(g, &p, d, hp.ffn, false, dev)?,
-                cache: KvCache::new(max_len),
+                cache: KvCache::new(max_len, dev),
             });
         }
         let norm = RmsNorm::load(g, "output_norm", d, hp.eps, dev)?;
@@ -79,7 +83,52 @@ impl Llama {
             Variant::Qwen2 => RopeStyle::Halves,
         };
         let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, dev)?;
-        Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len })
+        let host_steps = dev.is_cpu()
+            && rope.dims() == hd
+            && blocks
+                .iter()
+                .all(|b| [&b.q, &b.k, &b.v, &b.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down].iter().all(|l| l.on_kernels()));
+        let scratch = host::Scratch::default();
+        Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len, host_steps, scratch })
+    }
+
+    /// One token on host buffers: the blocks' element-wise work and attention without tensors
+    /// (`model::host`), the mat-vecs on the kernels. The same arithmetic as [`Self::forward`]'s tensor
+    /// path, to rounding.
+    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (kv, hd) = (hp.kv_heads, hp.head_dim);
+        let pos = self.len;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let s = &mut self.scratch;
+        s.x = self.embed.rows(&[token], &self.device)?.flatten_all()?.to_vec1::<f32>()?;
+        for b in &mut self.blocks {
+            b.attn_norm.host(&s.x, &mut s.h);
+            matvec_host([&b.q, &b.k, &b.v], &s.h, [&mut s.q, &mut s.k, &mut s.v])?;
+            s.q.iter_mut().for_each(|x| *x *= scale);
+            self.rope.host(&mut s.q, pos)?;
+            self.rope.host(&mut s.k, pos)?;
+            b.cache.push_host(&s.k, &s.v, kv)?;
+            s.a.resize(s.q.len(), 0.0);
+            let view = b.cache.host().expect("a host cache on the CPU");
+            host::attend_one(&s.q, &view, None, &mut s.a);
+            matvec_host([&b.o], &s.a, [&mut s.y])?;
+            host::add(&mut s.x, &s.y);
+            b.ffn_norm.host(&s.x, &mut s.h);
+            matvec_host([&b.mlp.gate, &b.mlp.up], &s.h, [&mut s.gate, &mut s.up])?;
+            host::gated(&mut s.gate, &s.up, b.mlp.gelu);
+            matvec_host([&b.mlp.down], &s.gate, [&mut s.y])?;
+            host::add(&mut s.x, &s.y);
+        }
+        self.len += 1;
+        self.norm.host(&s.x, &mut s.h);
+        if self.output.on_kernels() {
+            let mut logits = Vec::new();
+            matvec_host([&self.output], &s.h, [&mut logits])?;
+            return Ok(logits);
+        }
+        let x = candle_core::Tensor::from_slice(&s.h, (1, 1, s.h.len()), &self.device)?;
+        logits_to_vec(&self.output.forward(&x)?)
     }
 }
 
@@ -105,6 +154,9 @@ impl super::Network for Llama {
 
     /// Runs `tokens` at the end of the cache; returns the last position's logits.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if let ([token], true) = (tokens, self.host_steps) {
+            return self.step(*token);
+        }
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
         let pos = self.len;

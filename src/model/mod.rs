@@ -11,6 +11,7 @@
 pub mod amx;
 #[doc(hidden)]
 pub mod gemma3;
+pub(crate) mod host;
 #[doc(hidden)]
 pub mod kernels;
 pub(crate) mod layers;

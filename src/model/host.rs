@@ -1,0 +1,204 @@
+//! One decode step on plain `f32` buffers: the element-wise work and the attention of a single query
+//! position, without candle's tensors.
+//!
+//! A decode step through candle costs some thirty tensor operations per block, each allocating its
+//! output, and its attention copies the whole live KV cache to make it contiguous (K and V of every
+//! block, every token: 23 MB a token for SmolLM2 at 500 positions). On small models that is a visible
+//! share of the token beside the mat-vecs. Here the step reads the cache in place and writes into
+//! buffers kept from token to token; the mat-vecs are the same kernels (`layers::matvec_host`). The
+//! arithmetic follows candle's definitions (RMS norm, rotary pairs, tanh GELU, SiLU), and the results
+//! match the tensor path to rounding (`tests/model.rs`).
+
+use super::kernels::Tier;
+use super::pool::pool;
+
+/// The buffers of a host decode step, kept from token to token.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub(crate) x: Vec<f32>,
+    pub(crate) h: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) a: Vec<f32>,
+    pub(crate) y: Vec<f32>,
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
+}
+
+/// `out = x / rms(x) * w`, as candle's `rms_norm` computes it.
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let sum2: f32 = x.iter().map(|&v| v * v).sum();
+    let m = (sum2 / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &a) in out.iter_mut().zip(x).zip(w) {
+        *o = v / m * a;
+    }
+}
+
+/// [`rms_norm`] in place, per `d`-element head of `x`.
+pub(crate) fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32, d: usize) {
+    let mut tmp = vec![0f32; d];
+    for head in x.chunks_exact_mut(d) {
+        rms_norm(head, w, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// Rotates every `d`-element head of `x` by the rotary angles of one position (`cos`, `sin`: `d/2`
+/// each), pairing adjacent elements or the two halves.
+pub(crate) fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], d: usize, interleaved: bool) {
+    let half = d / 2;
+    for head in x.chunks_exact_mut(d) {
+        for i in 0..half {
+            let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x0 * sin[i] + x1 * cos[i];
+        }
+    }
+}
+
+/// `gate = act(gate) * up`, SiLU or candle's tanh-approximated GELU.
+pub(crate) fn gated(gate: &mut [f32], up: &[f32], gelu: bool) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let a = if gelu {
+            0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+        } else {
+            x / (1.0 + (-x).exp())
+        };
+        *g = a * u;
+    }
+}
+
+/// `x += y`.
+pub(crate) fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// The keys and values of one block's cache, per KV head `len × d` (position-major).
+pub(crate) struct KvView<'a> {
+    pub k: &'a [Vec<f32>],
+    pub v: &'a [Vec<f32>],
+    pub len: usize,
+    pub d: usize,
+}
+
+/// Attention of the query at the last cached position: `q` is `heads × d` (already scaled), query head
+/// `h` reads KV head `h / (heads / kv_heads)`, and sees the last `window` positions (all without one).
+/// Writes `heads × d` into `out`. Heads are spread over the kernel pool.
+pub(crate) fn attend_one(q: &[f32], kv: &KvView<'_>, window: Option<usize>, out: &mut [f32]) {
+    let d = kv.d;
+    let heads = q.len() / d;
+    let rep = heads / kv.k.len();
+    let from = window.map_or(0, |w| kv.len.saturating_sub(w));
+    let out_addr = out.as_mut_ptr() as usize;
+    let tier = Tier::best();
+    pool().for_chunks(heads, |range| {
+        let mut scores = Vec::with_capacity(kv.len - from);
+        for h in range {
+            let kh = h / rep;
+            // SAFETY: each head's `d` outputs are written by the one chunk that holds the head.
+            let o = unsafe { std::slice::from_raw_parts_mut((out_addr as *mut f32).add(h * d), d) };
+            let (k, v) = (&kv.k[kh][from * d..kv.len * d], &kv.v[kh][from * d..kv.len * d]);
+            head(tier, &q[h * d..(h + 1) * d], k, v, &mut scores, o);
+        }
+    });
+}
+
+/// One head: softmax of `q · k_j` over the positions of `k`, times `v`, into `out`.
+fn head(tier: Tier, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match tier {
+        // SAFETY: the tier is one this CPU supports (`Tier::best`).
+        Tier::Avx512 => return unsafe { head_avx512(q, k, v, scores, out) },
+        Tier::Avx2 | Tier::AvxVnni => return unsafe { head_avx2(q, k, v, scores, out) },
+        Tier::Scalar => {}
+    }
+    let _ = tier;
+    head_generic(q, k, v, scores, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn head_avx512(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    head_generic(q, k, v, scores, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    head_generic(q, k, v, scores, out)
+}
+
+/// Written for the compiler to vectorize: sixteen independent sums per dot product, whole rows of `v`
+/// added at a time. Compiled once per tier by the wrappers above.
+#[inline(always)]
+fn head_generic(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    let d = q.len();
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    for kj in k.chunks_exact(d) {
+        let s = dot(q, kj);
+        max = max.max(s);
+        scores.push(s);
+    }
+    let mut z = 0.0;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        z += *s;
+    }
+    out.fill(0.0);
+    for (&p, vj) in scores.iter().zip(v.chunks_exact(d)) {
+        for (o, &x) in out.iter_mut().zip(vj) {
+            *o += p * x;
+        }
+    }
+    let inv = 1.0 / z;
+    out.iter_mut().for_each(|o| *o *= inv);
+}
+
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut acc = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..L {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiers' compilations of one head agree with the portable one and with the definition.
+    #[test]
+    fn one_head_matches_the_definition_on_every_tier() {
+        let d = 40; // a tail after two 16-wide chunks
+        let n = 7;
+        let val = |i: usize| ((i * 37 % 101) as f32 / 50.0) - 1.0;
+        let q: Vec<f32> = (0..d).map(val).collect();
+        let k: Vec<f32> = (0..n * d).map(|i| val(i + 3)).collect();
+        let v: Vec<f32> = (0..n * d).map(|i| val(i + 11)).collect();
+        let s: Vec<f32> = k.chunks(d).map(|kj| kj.iter().zip(&q).map(|(a, b)| a * b).sum()).collect();
+        let m = s.iter().copied().fold(f32::MIN, f32::max);
+        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f32 = e.iter().sum();
+        let want: Vec<f32> =
+            (0..d).map(|c| e.iter().enumerate().map(|(j, w)| w / z * v[j * d + c]).sum::<f32>()).collect();
+        for tier in Tier::supported() {
+            let mut out = vec![0f32; d];
+            head(tier, &q, &k, &v, &mut Vec::new(), &mut out);
+            for (a, b) in out.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "{tier:?}: {a} vs {b}");
+            }
+        }
+    }
+}
