@@ -150,14 +150,35 @@ fn head_generic(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mu
         *s = (*s - max).exp();
         z += *s;
     }
-    out.fill(0.0);
-    for (&p, vj) in scores.iter().zip(v.chunks_exact(d)) {
-        for (o, &x) in out.iter_mut().zip(vj) {
-            *o += p * x;
-        }
+    // Columns in blocks whose sums stay in registers across all positions (a sum kept in `out` would be
+    // stored and loaded again for every position).
+    let mut col = 0;
+    while col + 64 <= d {
+        weighted_rows::<64>(scores, v, d, col, out);
+        col += 64;
+    }
+    while col + 16 <= d {
+        weighted_rows::<16>(scores, v, d, col, out);
+        col += 16;
+    }
+    for c in col..d {
+        out[c] = scores.iter().zip(v.chunks_exact(d)).map(|(&p, row)| p * row[c]).sum();
     }
     let inv = 1.0 / z;
     out.iter_mut().for_each(|o| *o *= inv);
+}
+
+/// `out[col..col+B] = Σ_j p[j] · v[j][col..col+B]` over the rows `v[j]` of `d` values.
+#[inline(always)]
+fn weighted_rows<const B: usize>(p: &[f32], v: &[f32], d: usize, col: usize, out: &mut [f32]) {
+    let mut acc = [0f32; B];
+    for (&w, row) in p.iter().zip(v.chunks_exact(d)) {
+        let r: &[f32; B] = row[col..col + B].try_into().expect("B columns");
+        for i in 0..B {
+            acc[i] += w * r[i];
+        }
+    }
+    out[col..col + B].copy_from_slice(&acc);
 }
 
 #[inline(always)]
@@ -181,23 +202,25 @@ mod tests {
     /// The tiers' compilations of one head agree with the portable one and with the definition.
     #[test]
     fn one_head_matches_the_definition_on_every_tier() {
-        let d = 40; // a tail after two 16-wide chunks
-        let n = 7;
-        let val = |i: usize| ((i * 37 % 101) as f32 / 50.0) - 1.0;
-        let q: Vec<f32> = (0..d).map(val).collect();
-        let k: Vec<f32> = (0..n * d).map(|i| val(i + 3)).collect();
-        let v: Vec<f32> = (0..n * d).map(|i| val(i + 11)).collect();
-        let s: Vec<f32> = k.chunks(d).map(|kj| kj.iter().zip(&q).map(|(a, b)| a * b).sum()).collect();
-        let m = s.iter().copied().fold(f32::MIN, f32::max);
-        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f32 = e.iter().sum();
-        let want: Vec<f32> =
-            (0..d).map(|c| e.iter().enumerate().map(|(j, w)| w / z * v[j * d + c]).sum::<f32>()).collect();
-        for tier in Tier::supported() {
-            let mut out = vec![0f32; d];
-            head(tier, &q, &k, &v, &mut Vec::new(), &mut out);
-            for (a, b) in out.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-5, "{tier:?}: {a} vs {b}");
+        // Head sizes with 64-column blocks, 16-column blocks and a tail of single columns.
+        for d in [40, 64, 96, 136] {
+            let n = 7;
+            let val = |i: usize| ((i * 37 % 101) as f32 / 50.0) - 1.0;
+            let q: Vec<f32> = (0..d).map(val).collect();
+            let k: Vec<f32> = (0..n * d).map(|i| val(i + 3)).collect();
+            let v: Vec<f32> = (0..n * d).map(|i| val(i + 11)).collect();
+            let s: Vec<f32> = k.chunks(d).map(|kj| kj.iter().zip(&q).map(|(a, b)| a * b).sum()).collect();
+            let m = s.iter().copied().fold(f32::MIN, f32::max);
+            let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f32 = e.iter().sum();
+            let want: Vec<f32> =
+                (0..d).map(|c| e.iter().enumerate().map(|(j, w)| w / z * v[j * d + c]).sum::<f32>()).collect();
+            for tier in Tier::supported() {
+                let mut out = vec![0f32; d];
+                head(tier, &q, &k, &v, &mut Vec::new(), &mut out);
+                for (c, (a, b)) in out.iter().zip(&want).enumerate() {
+                    assert!((a - b).abs() < 1e-5, "{tier:?}, d {d}, column {c}: {a} vs {b}");
+                }
             }
         }
     }
