@@ -1,5 +1,6 @@
 //! Quantized matrix × vector (decode) and matrix × matrix (prefill) on the CPU, for each quantization type
-//! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536) and Qwen2.5-0.5B (896 → 4864):
+//! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536), Qwen2.5-0.5B (896 → 4864) and
+//! Qwen2.5-1.5B (1536 → 8960):
 //! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports; `cpu_reagent_prefill`, AMX
 //! bf16 tiles and the integer prefill of each tier against dequantize + f32 GEMM) and candle's (`cpu_qmatvec`).
 
@@ -23,8 +24,9 @@ fn random(shape: (usize, usize), seed: u64) -> Tensor {
 
 fn reagent_kernels(c: &mut Criterion) {
     let types = kernels::KERNEL_TYPES;
-    // SmolLM2's and Qwen 0.5B's up projections, Qwen 0.5B's down projection (K-quants need k % 256 == 0).
-    for (k, n) in [(576usize, 1536usize), (896, 4864), (4864, 896)] {
+    // SmolLM2's and Qwen 0.5B's up projections, Qwen 0.5B's down projection (K-quants need k % 256 == 0),
+    // Qwen 1.5B's up and down projections (matrices larger than the caches).
+    for (k, n) in [(576usize, 1536usize), (896, 4864), (4864, 896), (1536, 8960), (8960, 1536)] {
         let mut g = c.benchmark_group(format!("cpu_reagent_matvec_{k}x{n}"));
         g.throughput(Throughput::Elements((k * n) as u64));
         for ty in types {
