@@ -54,10 +54,10 @@ pub(crate) fn pack_supers(t: u8, x: &[Q8Block], out: &mut Vec<XSuper>) {
     }
 }
 
-/// Two blocks' weights as unsigned bytes (block 0's 32 elements, then block 1's), with each block's scale
-/// `d` and correction `c`; when `single`, only block 0 is read and block 1 is all zero.
+/// [`unpack_pair`] for any 32-element type, Q8_0 included (made unsigned: +128), with each block's scale
+/// `d` and correction `c` (the weight is `d·u + c`), as the batched product's packing wants them.
 #[inline(always)]
-unsafe fn unpack_pair<const T: u8>(b: *const u8, single: bool) -> (__m512i, [f32; 2], [f32; 2]) {
+unsafe fn unpack_pair_scaled<const T: u8>(b: *const u8, single: bool) -> (__m512i, [f32; 2], [f32; 2]) {
     let b1 = b.add(block_bytes(T));
     let d = [f16(b), if single { 0.0 } else { f16(b1) }];
     if T == Q8_0 {
@@ -66,6 +66,19 @@ unsafe fn unpack_pair<const T: u8>(b: *const u8, single: bool) -> (__m512i, [f32
         let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
         return (_mm512_xor_si512(w, _mm512_set1_epi8(-128)), d, [-128.0 * d[0], -128.0 * d[1]]);
     }
+    let c = match T {
+        Q4_1 => [f16(b.add(2)), if single { 0.0 } else { f16(b1.add(2)) }],
+        Q5_0 => [-16.0 * d[0], -16.0 * d[1]],
+        _ => [-8.0 * d[0], -8.0 * d[1]],
+    };
+    (unpack_pair::<T>(b, single), d, c)
+}
+
+/// Two blocks' weights as unsigned bytes (block 0's 32 elements, then block 1's); when `single`, only
+/// block 0 is read and block 1 is all zero. Q4_0, Q4_1, Q5_0 (Q8_0 takes the 256-bit kernel).
+#[inline(always)]
+unsafe fn unpack_pair<const T: u8>(b: *const u8, single: bool) -> __m512i {
+    let b1 = b.add(block_bytes(T));
     let at = match T {
         Q4_1 => 4,
         Q5_0 => 6,
@@ -85,12 +98,7 @@ unsafe fn unpack_pair<const T: u8>(b: *const u8, single: bool) -> (__m512i, [f32
         let h1 = if single { 0 } else { std::ptr::read_unaligned(b1.add(2) as *const u32) as u64 };
         u = _mm512_mask_add_epi8(u, h0 | (h1 << 32), u, _mm512_set1_epi8(16));
     }
-    let c = match T {
-        Q4_1 => [f16(b.add(2)), if single { 0.0 } else { f16(b1.add(2)) }],
-        Q5_0 => [-16.0 * d[0], -16.0 * d[1]],
-        _ => [-8.0 * d[0], -8.0 * d[1]],
-    };
-    (u, d, c)
+    u
 }
 
 /// The lanes of each accumulator added up.
@@ -115,8 +123,24 @@ unsafe fn halves(v: [f32; 2]) -> __m512 {
     _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(v[0]), _mm512_set1_ps(v[1]))
 }
 
+/// The scales of two blocks (`b`, and `b1` unless `single`) as `[d0; 8] ++ [d1; 8]`: both converted in
+/// one instruction and spread by one permute.
+#[inline(always)]
+unsafe fn pair_scales(b: *const u8, b1: *const u8, single: bool) -> __m512 {
+    let d0 = _mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const u16) as i32);
+    let d = if single { d0 } else { _mm_insert_epi16::<1>(d0, std::ptr::read_unaligned(b1 as *const u16) as i32) };
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(d)))
+}
+
 /// Dot products of `R` rows of a 32-element block type (`stride` bytes apart, `blocks` blocks each) with
 /// one quantized activation row.
+///
+/// Q4_0 and Q5_0 weights are `d·(q − o)` with unsigned `q` and a fixed offset `o` (8, 16): per block the
+/// product is `d·d_x·(Σ q·q_x − o·Σ q_x)`, and `o·q_x` summed as `vpdpbusd` sums it (once per pair of
+/// activation blocks, for all rows) starts each row's accumulation negated, so a pair costs one
+/// `vpdpbusd`, one conversion and one FMA per row. Q4_1's minimum (`d·q + m`) adds `m·d_x·Σ q_x` per
+/// block with a second FMA.
 #[inline(always)]
 unsafe fn rows_dot_impl<const T: u8, const R: usize>(
     w: *const u8,
@@ -125,6 +149,7 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize>(
     blocks: usize,
 ) -> [f32; R] {
     let bb = block_bytes(T);
+    let offset = _mm512_set1_epi8(if T == Q5_0 { 16 } else { 8 });
     let mut acc = [_mm512_setzero_ps(); R];
     let mut i = 0;
     while i < blocks {
@@ -139,15 +164,25 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize>(
         };
         let qx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
         let dx = halves([b0.d, d1]);
-        // The corrections' activation sums, once per block: lanes 0 and 8.
+        // Q4_0, Q5_0: −o·Σ q_x per 4-element group, the start of every row's sums.
+        let start = if T == Q4_1 {
+            _mm512_setzero_si512()
+        } else {
+            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, qx))
+        };
+        // Q4_1: the activation sums for the minimums, once per block (lanes 0 and 8).
         let sx = _mm512_maskz_mov_ps(0x0101, halves([b0.d * b0.sum as f32, s1]));
         for (r, acc) in acc.iter_mut().enumerate() {
             let b = w.add(r * stride + i * bb);
             prefetch_next_rows::<R>(b, stride, (2 * bb).div_ceil(64));
-            let (u, d, cw) = unpack_pair::<T>(b, single);
-            let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, qx);
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(halves(d), dx), *acc);
-            *acc = _mm512_fmadd_ps(halves(cw), sx, *acc);
+            let u = unpack_pair::<T>(b, single);
+            let d = pair_scales(b, b.add(bb), single);
+            let p = _mm512_dpbusd_epi32(start, u, qx);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), *acc);
+            if T == Q4_1 {
+                let m = pair_scales(b.add(2), b.add(bb + 2), single);
+                *acc = _mm512_fmadd_ps(m, sx, *acc);
+            }
         }
         i += 2;
     }
@@ -433,7 +468,7 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
         let row = w.add(r * row_bytes);
         for i in (0..blocks).step_by(2) {
             let single = i + 1 == blocks;
-            let (u, d, c) = unpack_pair::<T>(row.add(i * bb), single);
+            let (u, d, c) = unpack_pair_scaled::<T>(row.add(i * bb), single);
             _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, u);
             let g = &mut out[r * groups + i / GROUP];
             for k in 0..if single { 1 } else { 2 } {
