@@ -278,61 +278,70 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Activations packed for the AVX-512 K-quant kernels.
-#[cfg(target_arch = "x86_64")]
-type Packed = avx512::XSuper;
-#[cfg(not(target_arch = "x86_64"))]
-type Packed = ();
-
-/// `x` packed for weights of type `t` where the tier's kernels want it so (AVX-512 K-quants), else empty.
-fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Vec<Packed> {
-    let mut out = Vec::new();
+/// Activations packed for the AVX-512 kernels: super-blocks for the K-quants, pairs of blocks for the
+/// 32-element types.
+#[derive(Default)]
+struct Packed {
     #[cfg(target_arch = "x86_64")]
-    if tier == Tier::Avx512 && t.block_elems() > QK {
-        avx512::pack_supers(avx2::code(t), x, &mut out);
+    supers: Vec<avx512::XSuper>,
+    #[cfg(target_arch = "x86_64")]
+    pairs: Vec<avx512::XPair>,
+}
+
+/// `x` packed for weights of type `t` where the tier's kernels want it so (AVX-512), else empty.
+fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Packed {
+    let mut out = Packed::default();
+    #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx512 {
+        match t.block_elems() > QK {
+            true => avx512::pack_supers(avx2::code(t), x, &mut out.supers),
+            false => avx512::pack_pairs(avx2::code(t), x, &mut out.pairs),
+        }
     }
     let _ = (tier, t, x);
     out
 }
 
 /// `R` consecutive weight rows from `w` (`row_bytes` apart) times one activation row on the AVX-512
-/// kernels: `xq` for the 32-element block types, `xp` (packed) for the K-quants, `blocks` blocks long.
+/// kernels, `blocks` blocks long: `xp` the packed pairs for the 32-element block types, `xs` the packed
+/// super-blocks for the K-quants.
 ///
 /// # Safety
-/// The CPU has the AVX-512 tier; the `R` rows and the activations lie inside their buffers, and `xp` holds
-/// the packed activations when `t` is a K-quant.
+/// The CPU has the AVX-512 tier; the `R` rows lie inside their buffer, and the packing for `t` holds the
+/// whole activation row.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn avx512_rows_dot<const R: usize>(
     t: BlockType,
     w: *const u8,
     row_bytes: usize,
-    xq: *const Q8Block,
-    xp: *const Packed,
+    xp: *const avx512::XPair,
+    xs: *const avx512::XSuper,
     blocks: usize,
 ) -> [f32; R] {
     use avx2::*;
     use avx512::{rows_dot, rows_dot_k};
     match code(t) {
-        Q4_0 => rows_dot::<Q4_0, R>(w, row_bytes, xq, blocks),
-        Q4_1 => rows_dot::<Q4_1, R>(w, row_bytes, xq, blocks),
-        Q5_0 => rows_dot::<Q5_0, R>(w, row_bytes, xq, blocks),
-        Q8_0 => rows_dot::<Q8_0, R>(w, row_bytes, xq, blocks),
-        Q4K => rows_dot_k::<Q4K, R>(w, row_bytes, xp, blocks / 8),
-        Q5K => rows_dot_k::<Q5K, R>(w, row_bytes, xp, blocks / 8),
-        _ => rows_dot_k::<Q6K, R>(w, row_bytes, xp, blocks / 8),
+        Q4_0 => rows_dot::<Q4_0, R>(w, row_bytes, xp, blocks),
+        Q4_1 => rows_dot::<Q4_1, R>(w, row_bytes, xp, blocks),
+        Q5_0 => rows_dot::<Q5_0, R>(w, row_bytes, xp, blocks),
+        Q8_0 => rows_dot::<Q8_0, R>(w, row_bytes, xp, blocks),
+        Q4K => rows_dot_k::<Q4K, R>(w, row_bytes, xs, blocks / 8),
+        Q5K => rows_dot_k::<Q5K, R>(w, row_bytes, xs, blocks / 8),
+        _ => rows_dot_k::<Q6K, R>(w, row_bytes, xs, blocks / 8),
     }
 }
 
 /// Row length (bytes) from which the SIMD mat-vecs take rows one at a time.
 const LONG_ROW: usize = 768;
 
-/// Whether rows of type `t` and `row_bytes` bytes go one at a time: long rows, and Q8_0 rows of any
-/// length (measured from memory, 2 threads, Zen 5: Q8_0 at 576 and 640 columns 26 GB/s one at a time
-/// against 18–20 four at a time, on the AVX-512 and AVX2 tiers alike; Q4_1 and Q5_0 rows of 360–616
-/// bytes the other way round, 22 against 13–17).
-fn one_row_at_a_time(t: BlockType, row_bytes: usize) -> bool {
-    row_bytes >= LONG_ROW || t == BlockType::Q8_0
+/// Whether rows of type `t` and `row_bytes` bytes go one at a time on `tier`: long rows; Q8_0 rows of any
+/// length; on AVX-512, whose 32-element kernels take their activations packed once per token ([`pack`]),
+/// every type but Q4_1. Measured from memory, 2 threads, Zen 5 (GB/s of weights, one at a time against four
+/// at a time): AVX-512 Q8_0 at 640 columns 34 against 19, Q5_0 and Q4_0 at 896 columns 28 against 21–23,
+/// Q4_1 at 576 columns 19 against 20; AVX2 Q8_0 26 against 19.5, Q5_0 13 against 23, Q4_1 15 against 22.
+fn one_row_at_a_time(tier: Tier, t: BlockType, row_bytes: usize) -> bool {
+    row_bytes >= LONG_ROW || t == BlockType::Q8_0 || (tier == Tier::Avx512 && t != BlockType::Q4_1)
 }
 
 /// `out[i] = W[first + i] · x` for consecutive rows, on the best kernel available.
@@ -344,34 +353,35 @@ fn rows_dot_into(
     row_bytes: usize,
     first: usize,
     x: &[Q8Block],
-    packed: &[Packed],
+    packed: &Packed,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    // Q8_0 runs the 256-bit kernel with AVX-512 VNNI's 256-bit `vpdpbusd` (below): one block per
-    // instruction with the weights' signs moved onto the activations measured 22% faster than two blocks
-    // per 512-bit instruction with the weights made unsigned (+128) and corrected.
-    if tier == Tier::Avx512 && t != BlockType::Q8_0 {
+    if tier == Tier::Avx512 {
         let n = out.len();
         assert!((first + n) * row_bytes <= w.len());
-        assert!(t.block_elems() == QK || packed.len() * 8 == x.len(), "K-quant activations are packed");
+        let whole = match t.block_elems() > QK {
+            true => packed.supers.len() * 8 == x.len(),
+            false => packed.pairs.len() == x.len().div_ceil(2),
+        };
+        assert!(whole, "the activations are packed for {t:?}");
         let mut r = 0;
         // SAFETY: the tier's CPU features are present (`matvec_on` checks), every row read lies inside `w`
-        // (asserted), and the activations are whole rows of `x.len()` blocks (packed for the K-quants).
+        // (asserted), and the packed activations are whole rows of `x.len()` blocks (asserted).
         unsafe {
             let base = w.as_ptr().add(first * row_bytes);
-            let (xq, xp) = (x.as_ptr(), packed.as_ptr());
+            let (xp, xs) = (packed.pairs.as_ptr(), packed.supers.as_ptr());
             // Short rows go four at a time, sharing each activation load, with the next four prefetched;
             // long rows one at a time, a sequential stream the hardware prefetcher follows (measured on
             // Qwen 1.5B, 864 to 5040-byte K-quant rows: 28 tok/s against 19.6 four at a time).
-            let long = one_row_at_a_time(t, row_bytes);
+            let long = one_row_at_a_time(tier, t, row_bytes);
             while r + 4 <= n && !long {
-                let y = avx512_rows_dot::<4>(t, base.add(r * row_bytes), row_bytes, xq, xp, x.len());
+                let y = avx512_rows_dot::<4>(t, base.add(r * row_bytes), row_bytes, xp, xs, x.len());
                 out[r..r + 4].copy_from_slice(&y);
                 r += 4;
             }
             while r < n {
-                out[r] = avx512_rows_dot::<1>(t, base.add(r * row_bytes), row_bytes, xq, xp, x.len())[0];
+                out[r] = avx512_rows_dot::<1>(t, base.add(r * row_bytes), row_bytes, xp, xs, x.len())[0];
                 r += 1;
             }
         }
@@ -388,7 +398,7 @@ fn rows_dot_into(
         // `w` (asserted).
         unsafe {
             let base = w.as_ptr().add(first * row_bytes);
-            let long = one_row_at_a_time(t, row_bytes);
+            let long = one_row_at_a_time(tier, t, row_bytes);
             macro_rules! run {
                 ($f:ident, $code:expr) => {{
                     while r + 4 <= n && !long {
@@ -402,7 +412,6 @@ fn rows_dot_into(
                 }};
             }
             match (code(t), tier == Tier::AvxVnni) {
-                (Q8_0, _) if tier == Tier::Avx512 => run!(rows_dot_vnni512, Q8_0),
                 (Q4_0, false) => run!(rows_dot, Q4_0),
                 (Q4_1, false) => run!(rows_dot, Q4_1),
                 (Q5_0, false) => run!(rows_dot, Q5_0),

@@ -91,11 +91,9 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
-/// How a 256-bit byte dot product runs: AVX2's `maddubs` + `madd`, AVX-VNNI's `vpdpbusd` (VEX), or
-/// AVX-512 VNNI's 256-bit `vpdpbusd` (EVEX, with AVX-512 VL: Zen 4/5 and Xeons without AVX-VNNI).
+/// How a 256-bit byte dot product runs: AVX2's `maddubs` + `madd`, or AVX-VNNI's `vpdpbusd` (VEX).
 pub(super) const MADDUBS: u8 = 0;
 pub(super) const AVX_VNNI: u8 = 1;
-pub(super) const EVEX_VNNI: u8 = 2;
 
 /// `Σ u·s` over 32 lanes of unsigned × signed bytes, as 8 × i32: one VNNI instruction, or AVX2's
 /// maddubs (pairs to i16, cannot overflow for |u| ≤ 128, |s| ≤ 127) + madd.
@@ -103,7 +101,6 @@ pub(super) const EVEX_VNNI: u8 = 2;
 unsafe fn dot_us<const V: u8>(u: __m256i, s: __m256i) -> __m256i {
     match V {
         AVX_VNNI => _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s),
-        EVEX_VNNI => _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s),
         _ => _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)),
     }
 }
@@ -382,16 +379,6 @@ pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(rows: *const u8, stride: usize, x: &[Q8Block]) -> [f32; R] {
     rows_dot_impl::<T, R, MADDUBS>(rows, stride, x)
-}
-
-/// The 32-element block kernels on 256-bit AVX-512 VNNI (the AVX-512 tier's Q8_0 decode).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn rows_dot_vnni512<const T: u8, const R: usize>(
-    rows: *const u8,
-    stride: usize,
-    x: &[Q8Block],
-) -> [f32; R] {
-    rows_dot_impl::<T, R, EVEX_VNNI>(rows, stride, x)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]

@@ -35,6 +35,44 @@ impl XSuper {
     const ZERO: XSuper = XSuper { qs: [[0; 64]; 4], bsum: [0; 16], d: 0.0 };
 }
 
+/// Two 32-element activation blocks packed for the 32-element block kernels ([`rows_dot_impl`]): their
+/// quants, the start of a row's sums (`−o·Σ q_x` per 4-element group, `o` the weight type's offset), each
+/// lane's activation scale, and for Q4_1 each block's `d·Σ q_x` (lanes 0 and 8). Everything a pair costs
+/// apart from the weights is done once per token, not once per row.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct XPair {
+    qx: [i8; 64],
+    start: [i32; 16],
+    dx: [f32; 16],
+    sx: [f32; 16],
+}
+
+/// Packs a row of 32-element activation blocks, two at a time (the last alone when their count is odd),
+/// for weights of type `t`.
+pub(crate) fn pack_pairs(t: u8, x: &[Q8Block], out: &mut Vec<XPair>) {
+    let offset: i32 = match t {
+        Q5_0 => 16,
+        Q8_0 => 128,
+        Q4_1 => 0,
+        _ => 8,
+    };
+    out.clear();
+    for pair in x.chunks(2) {
+        let mut p = XPair { qx: [0; 64], start: [0; 16], dx: [0.0; 16], sx: [0.0; 16] };
+        for (k, b) in pair.iter().enumerate() {
+            p.qx[32 * k..32 * k + 32].copy_from_slice(&b.qs);
+            for l in 0..8 {
+                let group: i32 = b.qs[4 * l..4 * l + 4].iter().map(|&q| q as i32).sum();
+                p.start[8 * k + l] = -offset * group;
+                p.dx[8 * k + l] = b.d;
+            }
+            p.sx[8 * k] = b.d * b.sum as f32;
+        }
+        out.push(p);
+    }
+}
+
 /// Packs a row of K-quant activations (8 blocks per super-block, one scale per super-block, as
 /// [`super::quantize_row_q8_for`] makes them) for weights of type `t`.
 pub(crate) fn pack_supers(t: u8, x: &[Q8Block], out: &mut Vec<XSuper>) {
@@ -60,13 +98,8 @@ pub(crate) fn pack_supers(t: u8, x: &[Q8Block], out: &mut Vec<XSuper>) {
 unsafe fn unpack_pair_scaled<const T: u8>(b: *const u8, single: bool) -> (__m512i, [f32; 2], [f32; 2]) {
     let b1 = b.add(block_bytes(T));
     let d = [f16(b), if single { 0.0 } else { f16(b1) }];
-    if T == Q8_0 {
-        let lo = _mm256_loadu_si256(b.add(2) as *const __m256i);
-        let hi = if single { _mm256_setzero_si256() } else { _mm256_loadu_si256(b1.add(2) as *const __m256i) };
-        let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-        return (_mm512_xor_si512(w, _mm512_set1_epi8(-128)), d, [-128.0 * d[0], -128.0 * d[1]]);
-    }
     let c = match T {
+        Q8_0 => [-128.0 * d[0], -128.0 * d[1]],
         Q4_1 => [f16(b.add(2)), if single { 0.0 } else { f16(b1.add(2)) }],
         Q5_0 => [-16.0 * d[0], -16.0 * d[1]],
         _ => [-8.0 * d[0], -8.0 * d[1]],
@@ -75,10 +108,16 @@ unsafe fn unpack_pair_scaled<const T: u8>(b: *const u8, single: bool) -> (__m512
 }
 
 /// Two blocks' weights as unsigned bytes (block 0's 32 elements, then block 1's); when `single`, only
-/// block 0 is read and block 1 is all zero. Q4_0, Q4_1, Q5_0 (Q8_0 takes the 256-bit kernel).
+/// block 0 is read and block 1 is all zero. Q8_0's signed weights are made unsigned (+128).
 #[inline(always)]
 unsafe fn unpack_pair<const T: u8>(b: *const u8, single: bool) -> __m512i {
     let b1 = b.add(block_bytes(T));
+    if T == Q8_0 {
+        let lo = _mm256_loadu_si256(b.add(2) as *const __m256i);
+        let hi = if single { _mm256_setzero_si256() } else { _mm256_loadu_si256(b1.add(2) as *const __m256i) };
+        let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        return _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+    }
     let at = match T {
         Q4_1 => 4,
         Q5_0 => 6,
@@ -117,12 +156,6 @@ unsafe fn sums<const R: usize, const C: usize>(acc: &[[__m512; C]; R]) -> [[f32;
 const W2: i64 = 0x0002_0002_0002_0002;
 const W4: i64 = 0x0004_0004_0004_0004;
 
-/// `[a; 8] ++ [b; 8]`.
-#[inline(always)]
-unsafe fn halves(v: [f32; 2]) -> __m512 {
-    _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(v[0]), _mm512_set1_ps(v[1]))
-}
-
 /// The scales of two blocks (`b`, and `b1` unless `single`) as `[d0; 8] ++ [d1; 8]`: both converted in
 /// one instruction and spread by one permute.
 #[inline(always)]
@@ -136,42 +169,28 @@ unsafe fn pair_scales(b: *const u8, b1: *const u8, single: bool) -> __m512 {
 /// Dot products of `R` rows of a 32-element block type (`stride` bytes apart, `blocks` blocks each) with
 /// one quantized activation row.
 ///
-/// Q4_0 and Q5_0 weights are `d·(q − o)` with unsigned `q` and a fixed offset `o` (8, 16): per block the
-/// product is `d·d_x·(Σ q·q_x − o·Σ q_x)`, and `o·q_x` summed as `vpdpbusd` sums it (once per pair of
-/// activation blocks, for all rows) starts each row's accumulation negated, so a pair costs one
-/// `vpdpbusd`, one conversion and one FMA per row. Q4_1's minimum (`d·q + m`) adds `m·d_x·Σ q_x` per
+/// Q4_0, Q5_0 and Q8_0 weights are `d·(q − o)` with unsigned `q` and a fixed offset `o` (8, 16; Q8_0's
+/// signed bytes made unsigned by +128, `o` = 128): per block the
+/// product is `d·d_x·(Σ q·q_x − o·Σ q_x)`, and `o·q_x` summed as `vpdpbusd` sums it (packed once per
+/// token, [`XPair`]) starts each row's accumulation negated, so a pair costs one `vpdpbusd`, one
+/// conversion and one FMA per row. Q4_1's minimum (`d·q + m`) adds `m·d_x·Σ q_x` per
 /// block with a second FMA.
 #[inline(always)]
 unsafe fn rows_dot_impl<const T: u8, const R: usize>(
     w: *const u8,
     stride: usize,
-    x: *const Q8Block,
+    x: *const XPair,
     blocks: usize,
 ) -> [f32; R] {
     let bb = block_bytes(T);
-    let offset = _mm512_set1_epi8(if T == Q5_0 { 16 } else { 8 });
     let mut acc = [_mm512_setzero_ps(); R];
     let mut i = 0;
     while i < blocks {
         let single = i + 1 == blocks;
-        let b0 = &*x.add(i);
-        let lo = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
-        let (hi, d1, s1) = if single {
-            (_mm256_setzero_si256(), 0.0, 0.0)
-        } else {
-            let b1 = &*x.add(i + 1);
-            (_mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i), b1.d, b1.d * b1.sum as f32)
-        };
-        let qx = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-        let dx = halves([b0.d, d1]);
-        // Q4_0, Q5_0: −o·Σ q_x per 4-element group, the start of every row's sums.
-        let start = if T == Q4_1 {
-            _mm512_setzero_si512()
-        } else {
-            _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, qx))
-        };
-        // Q4_1: the activation sums for the minimums, once per block (lanes 0 and 8).
-        let sx = _mm512_maskz_mov_ps(0x0101, halves([b0.d * b0.sum as f32, s1]));
+        let xp = &*x.add(i / 2);
+        let qx = _mm512_load_si512(xp.qx.as_ptr() as *const __m512i);
+        let start = _mm512_load_si512(xp.start.as_ptr() as *const __m512i);
+        let dx = _mm512_load_ps(xp.dx.as_ptr());
         for (r, acc) in acc.iter_mut().enumerate() {
             let b = w.add(r * stride + i * bb);
             prefetch_next_rows::<R>(b, stride, (2 * bb).div_ceil(64));
@@ -181,7 +200,7 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize>(
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), *acc);
             if T == Q4_1 {
                 let m = pair_scales(b.add(2), b.add(bb + 2), single);
-                *acc = _mm512_fmadd_ps(m, sx, *acc);
+                *acc = _mm512_fmadd_ps(m, _mm512_load_ps(xp.sx.as_ptr()), *acc);
             }
         }
         i += 2;
@@ -338,7 +357,7 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
 pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(
     w: *const u8,
     stride: usize,
-    x: *const Q8Block,
+    x: *const XPair,
     blocks: usize,
 ) -> [f32; R] {
     rows_dot_impl::<T, R>(w, stride, x, blocks)
