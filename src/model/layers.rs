@@ -614,8 +614,15 @@ impl GatedMlp {
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let [g, u] = forward_shared([&self.gate, &self.up], x)?;
-        let g = if self.gelu { g.gelu()? } else { candle_nn::ops::silu(&g)? };
-        let h = (g * u)?;
+        let h = match x.device().is_cpu() && g.dtype() == DType::F32 {
+            // The activation on host buffers (`host::gated`: no libm call per element).
+            true => {
+                let mut gs = g.flatten_all()?.to_vec1::<f32>()?;
+                super::host::gated(&mut gs, &u.flatten_all()?.to_vec1::<f32>()?, self.gelu);
+                Tensor::from_vec(gs, g.shape(), g.device())?
+            }
+            false => ((if self.gelu { g.gelu()? } else { candle_nn::ops::silu(&g)? }) * u)?,
+        };
         self.down.forward(&h)
     }
 }
