@@ -408,6 +408,26 @@ fn native_decisions_run_through_the_same_loop() {
     assert!(last[1].content.starts_with("<tool_call>"), "the assistant turn keeps the model's syntax");
 }
 
+/// In the native format a refused repeat's tool turn is the earlier result alone: the next decision must
+/// answer, and a note about the repeat inside a tool turn drew answers about the repeat (Qwen 0.5B: "To
+/// handle the repeated call, we can add a counter…") instead of the result.
+#[test]
+fn a_native_repeat_turn_is_the_result_alone() {
+    let same = "<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"expression\": \"2+3\"}}\n</tool_call>";
+    let script: Vec<ScriptItem> = vec![same.into(), same.into(), "5".into()];
+    let driver = ScriptedDriver::new(script);
+    let log = driver.log();
+    let config = AgentConfig { format: reagent::agent::DecisionFormat::Native, ..AgentConfig::default() };
+    let mut a = Agent::builder().driver(driver).tool(calc()).config(config).build().unwrap();
+    let t = a.run("2+3?").unwrap();
+    assert_eq!(t.steps[1].calls[0].outcome, CallOutcome::Repeated { output: "5".into(), times: 1 });
+    assert_eq!(t.final_answer.as_deref(), Some("5"));
+    let last = log.lock().unwrap().last().unwrap().clone();
+    let tool_turns: Vec<&str> =
+        last.iter().filter(|m| m.role == reagent::Role::Tool).map(|m| m.content.as_str()).collect();
+    assert_eq!(tool_turns, ["5", "5"]);
+}
+
 /// Proposed calls: after a native decision's calls the driver continues the reply with one more call, kept
 /// while it is a new item of the request (new values, all from the user's words) and up to the parallel
 /// limit; the first proposal that is not (a repeat, a made-up value) ends the decision, which then runs

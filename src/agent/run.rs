@@ -310,8 +310,17 @@ impl Agent {
     /// The turns that carry the step's results back to the model, and `step.observation`.
     fn observation_messages(&self, step: &mut Step) -> Vec<ChatMessage> {
         if self.config.format == DecisionFormat::Native {
-            // The template wraps each tool turn as the model saw results in training.
-            let observations: Vec<String> = step.calls.iter().map(|c| c.outcome.observation()).collect();
+            // The template wraps each tool turn as the model saw results in training: a repeated call's turn
+            // is its result alone (the next decision must answer anyway; a note about the repeat in a tool
+            // turn drew answers about the repeat instead of the result).
+            let observations: Vec<String> = step
+                .calls
+                .iter()
+                .map(|c| match &c.outcome {
+                    CallOutcome::Repeated { output, .. } => output.clone(),
+                    other => other.observation(),
+                })
+                .collect();
             step.observation = Some(observations.join("\n"));
             return observations.into_iter().map(|o| ChatMessage::new(Role::Tool, o)).collect();
         }
