@@ -266,16 +266,19 @@ impl std::fmt::Display for DecisionSettings {
         let abstain = self.abstain_below.map_or("never".to_string(), |g| g.to_string());
         write!(
             f,
-            "{} format, call bias {}, more-calls bias {}, close bias {}, end-list bias {}, abstain below {abstain}{}{}{}",
-            self.format,
-            self.biases.call,
-            self.biases.more_calls,
-            self.biases.close,
-            self.biases.end_list,
-            if self.propose_more_calls { ", proposing more calls" } else { "" },
-            if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" },
-            if self.drop_unstated_calls { ", dropping unstated later calls" } else { "" },
+            "{} format, call bias {}, more-calls bias {}, close bias {}, end-list bias {}, abstain below {abstain}",
+            self.format, self.biases.call, self.biases.more_calls, self.biases.close, self.biases.end_list,
         )?;
+        // Proposals and the two drop rules act on native decisions only.
+        if self.format == reagent::agent::DecisionFormat::Native {
+            write!(
+                f,
+                "{}{}{}",
+                if self.propose_more_calls { ", proposing more calls" } else { "" },
+                if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" },
+                if self.drop_unstated_calls { ", dropping unstated later calls" } else { "" },
+            )?;
+        }
         if self.format == reagent::agent::DecisionFormat::React {
             match self.max_thought_chars {
                 0 => write!(f, ", no thought")?,
