@@ -51,12 +51,7 @@ pub(crate) struct XPair {
 /// Packs a row of 32-element activation blocks, two at a time (the last alone when their count is odd),
 /// for weights of type `t`.
 pub(crate) fn pack_pairs(t: u8, x: &[Q8Block], out: &mut Vec<XPair>) {
-    let offset: i32 = match t {
-        Q5_0 => 16,
-        Q8_0 => 128,
-        Q4_1 => 0,
-        _ => 8,
-    };
+    let offset = offset(t);
     out.clear();
     for pair in x.chunks(2) {
         let mut p = XPair { qx: [0; 64], start: [0; 16], dx: [0.0; 16], sx: [0.0; 16] };
@@ -99,10 +94,8 @@ unsafe fn unpack_pair_scaled<const T: u8>(b: *const u8, single: bool) -> (__m512
     let b1 = b.add(block_bytes(T));
     let d = [f16(b), if single { 0.0 } else { f16(b1) }];
     let c = match T {
-        Q8_0 => [-128.0 * d[0], -128.0 * d[1]],
         Q4_1 => [f16(b.add(2)), if single { 0.0 } else { f16(b1.add(2)) }],
-        Q5_0 => [-16.0 * d[0], -16.0 * d[1]],
-        _ => [-8.0 * d[0], -8.0 * d[1]],
+        _ => [-(offset(T) as f32) * d[0], -(offset(T) as f32) * d[1]],
     };
     (unpack_pair::<T>(b, single), d, c)
 }
