@@ -96,9 +96,7 @@ impl Gemma3 {
         let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, dev)?;
         let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;
         let host_steps = dev.is_cpu()
-            && blocks
-                .iter()
-                .all(|b| [&b.q, &b.k, &b.v, &b.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down].iter().all(|l| l.on_kernels()));
+            && blocks.iter().all(|b| [&b.q, &b.k, &b.v, &b.o].iter().all(|l| l.on_kernels()) && b.mlp.on_kernels());
         Ok(Self {
             hp,
             embed,
@@ -135,29 +133,18 @@ impl Gemma3 {
             rope.host(&mut s.q, pos)?;
             s.q.iter_mut().for_each(|x| *x *= scale);
             rope.host(&mut s.k, pos)?;
-            b.cache.push_host(&s.k, &s.v, kv)?;
-            s.a.resize(s.q.len(), 0.0);
-            let view = b.cache.host().expect("a host cache on the CPU");
-            host::attend_one(&s.q, &view, b.window, &mut s.a);
+            b.cache.attend_host(&s.q, (&s.k, &s.v), kv, b.window, &mut s.a)?;
             matvec_host([&b.o], &s.a, [&mut s.y])?;
             b.post_attn_norm.host(&s.y, &mut s.h);
             host::add(&mut s.x, &s.h);
             b.ffn_norm.host(&s.x, &mut s.h);
-            matvec_host([&b.mlp.gate, &b.mlp.up], &s.h, [&mut s.gate, &mut s.up])?;
-            host::gated(&mut s.gate, &s.up, b.mlp.gelu);
-            matvec_host([&b.mlp.down], &s.gate, [&mut s.y])?;
+            b.mlp.host(&s.h, (&mut s.gate, &mut s.up), &mut s.y)?;
             b.post_ffn_norm.host(&s.y, &mut s.h);
             host::add(&mut s.x, &s.h);
         }
         self.len += 1;
         self.norm.host(&s.x, &mut s.h);
-        if self.output.on_kernels() {
-            let mut logits = Vec::new();
-            matvec_host([&self.output], &s.h, [&mut logits])?;
-            return Ok(logits);
-        }
-        let x = candle_core::Tensor::from_slice(&s.h, (1, 1, s.h.len()), &self.device)?;
-        logits_to_vec(&self.output.forward(&x)?)
+        self.output.row_host(&s.h, &self.device)
     }
 }
 

@@ -28,20 +28,24 @@ pub(crate) struct Scratch {
 
 /// `out = x / rms(x) * w`, as candle's `rms_norm` computes it.
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum2: f32 = x.iter().map(|&v| v * v).sum();
-    let m = (sum2 / x.len() as f32 + eps).sqrt();
+    let m = rms(x, eps);
     for ((o, &v), &a) in out.iter_mut().zip(x).zip(w) {
         *o = v / m * a;
     }
 }
 
-/// [`rms_norm`] in place, per `d`-element head of `x`.
-pub(crate) fn rms_norm_heads(x: &mut [f32], w: &[f32], eps: f32, d: usize) {
-    let mut tmp = vec![0f32; d];
-    for head in x.chunks_exact_mut(d) {
-        rms_norm(head, w, eps, &mut tmp);
-        head.copy_from_slice(&tmp);
+/// [`rms_norm`] of `x` into itself.
+pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let m = rms(x, eps);
+    for (v, &a) in x.iter_mut().zip(w) {
+        *v = *v / m * a;
     }
+}
+
+/// `sqrt(mean(x²) + eps)`.
+fn rms(x: &[f32], eps: f32) -> f32 {
+    let sum2: f32 = x.iter().map(|&v| v * v).sum();
+    (sum2 / x.len() as f32 + eps).sqrt()
 }
 
 /// Rotates every `d`-element head of `x` by the rotary angles of one position (`cos`, `sin`: `d/2`

@@ -131,6 +131,16 @@ impl Linear {
         !self.reference && matches!(self.w, Weight::Mapped { .. })
     }
 
+    /// `x · Wᵀ (+ b)` for one host row: on the kernels where the weights are, else through candle on `dev`.
+    pub(crate) fn row_host(&self, x: &[f32], dev: &Device) -> Result<Vec<f32>> {
+        if self.on_kernels() {
+            let mut y = Vec::new();
+            matvec_host([self], x, [&mut y])?;
+            return Ok(y);
+        }
+        logits_to_vec(&self.forward(&Tensor::from_slice(x, (1, 1, x.len()), dev)?)?)
+    }
+
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
         let on_amx = match &self.w {
@@ -299,7 +309,9 @@ impl RmsNorm {
 
     /// Every `w`-sized head of `x` normalised in place (CPU only).
     pub(crate) fn host_heads(&self, x: &mut [f32]) {
-        super::host::rms_norm_heads(x, &self.w_host, self.eps, self.w_host.len());
+        for head in x.chunks_exact_mut(self.w_host.len()) {
+            super::host::rms_norm_in_place(head, &self.w_host, self.eps);
+        }
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -433,15 +445,33 @@ impl KvCache {
     }
 
     /// The live keys and values on the host (CPU only).
-    pub(crate) fn host(&self) -> Option<super::host::KvView<'_>> {
+    fn host(&self) -> Option<super::host::KvView<'_>> {
         match &self.store {
             KvStore::Host { k, v, d } => Some(super::host::KvView { k, v, len: self.len, d: *d }),
             KvStore::Device { .. } => None,
         }
     }
 
+    /// Appends one position's keys and values (`kv_heads × d` each) and writes the attention of `q` (`heads
+    /// × d`, already scaled) over the cache, seeing the last `window` positions, into `out` (host buffers;
+    /// CPU only).
+    pub(crate) fn attend_host(
+        &mut self,
+        q: &[f32],
+        (keys, values): (&[f32], &[f32]),
+        kv_heads: usize,
+        window: Option<usize>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.push_host(keys, values, kv_heads)?;
+        out.resize(q.len(), 0.0);
+        let view = self.host().expect("pushed to host buffers above");
+        super::host::attend_one(q, &view, window, out);
+        Ok(())
+    }
+
     /// Appends one position's keys and values (`kv_heads × d` each, host buffers; CPU only).
-    pub(crate) fn push_host(&mut self, keys: &[f32], values: &[f32], kv_heads: usize) -> Result<()> {
+    fn push_host(&mut self, keys: &[f32], values: &[f32], kv_heads: usize) -> Result<()> {
         let KvStore::Host { k, v, d } = &mut self.store else {
             return Err(Error::param("cache", "host buffers are for the CPU"));
         };
@@ -610,6 +640,18 @@ impl GatedMlp {
             down: Linear::load(g, &format!("{p}.ffn_down"), [dim, ffn], dev)?,
             gelu,
         })
+    }
+
+    /// Whether its three layers take single rows on the kernels ([`Linear::on_kernels`]).
+    pub(crate) fn on_kernels(&self) -> bool {
+        [&self.gate, &self.up, &self.down].iter().all(|l| l.on_kernels())
+    }
+
+    /// `down(act(gate(x)) · up(x))` for one host row into `out`, with `gate` and `up` as scratch.
+    pub(crate) fn host(&self, x: &[f32], (gate, up): (&mut Vec<f32>, &mut Vec<f32>), out: &mut Vec<f32>) -> Result<()> {
+        matvec_host([&self.gate, &self.up], x, [&mut *gate, &mut *up])?;
+        super::host::gated(gate, up, self.gelu);
+        matvec_host([&self.down], gate, [out])
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {

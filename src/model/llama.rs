@@ -85,9 +85,7 @@ impl Llama {
         let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, dev)?;
         let host_steps = dev.is_cpu()
             && rope.dims() == hd
-            && blocks
-                .iter()
-                .all(|b| [&b.q, &b.k, &b.v, &b.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down].iter().all(|l| l.on_kernels()));
+            && blocks.iter().all(|b| [&b.q, &b.k, &b.v, &b.o].iter().all(|l| l.on_kernels()) && b.mlp.on_kernels());
         let scratch = host::Scratch::default();
         Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len, host_steps, scratch })
     }
@@ -108,27 +106,16 @@ impl Llama {
             s.q.iter_mut().for_each(|x| *x *= scale);
             self.rope.host(&mut s.q, pos)?;
             self.rope.host(&mut s.k, pos)?;
-            b.cache.push_host(&s.k, &s.v, kv)?;
-            s.a.resize(s.q.len(), 0.0);
-            let view = b.cache.host().expect("a host cache on the CPU");
-            host::attend_one(&s.q, &view, None, &mut s.a);
+            b.cache.attend_host(&s.q, (&s.k, &s.v), kv, None, &mut s.a)?;
             matvec_host([&b.o], &s.a, [&mut s.y])?;
             host::add(&mut s.x, &s.y);
             b.ffn_norm.host(&s.x, &mut s.h);
-            matvec_host([&b.mlp.gate, &b.mlp.up], &s.h, [&mut s.gate, &mut s.up])?;
-            host::gated(&mut s.gate, &s.up, b.mlp.gelu);
-            matvec_host([&b.mlp.down], &s.gate, [&mut s.y])?;
+            b.mlp.host(&s.h, (&mut s.gate, &mut s.up), &mut s.y)?;
             host::add(&mut s.x, &s.y);
         }
         self.len += 1;
         self.norm.host(&s.x, &mut s.h);
-        if self.output.on_kernels() {
-            let mut logits = Vec::new();
-            matvec_host([&self.output], &s.h, [&mut logits])?;
-            return Ok(logits);
-        }
-        let x = candle_core::Tensor::from_slice(&s.h, (1, 1, s.h.len()), &self.device)?;
-        logits_to_vec(&self.output.forward(&x)?)
+        self.output.row_host(&s.h, &self.device)
     }
 }
 
