@@ -7,10 +7,11 @@
 
 use candle_core::Device;
 
+use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    attention, forward_shared, last_position, logits_to_vec, matvec_host, split_heads, GatedMlp, Hparams, KvCache,
-    Linear, RmsNorm, Rope, RopeStyle, Weight,
+    forward_shared, last_position, logits_to_vec, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
+    RopeStyle, Weight,
 };
 use crate::error::Result;
 use crate::gguf::GgufFile;

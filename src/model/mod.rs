@@ -9,6 +9,7 @@
 // Internals that tests and benches reach (hidden from the docs; not a stable API).
 #[doc(hidden)]
 pub mod amx;
+pub(crate) mod attention;
 #[doc(hidden)]
 pub mod gemma3;
 pub(crate) mod host;
