@@ -40,6 +40,33 @@ fn grown(cap: usize, needed: usize, max: usize) -> usize {
     needed.div_ceil(KV_CHUNK).saturating_mul(KV_CHUNK).max(cap + cap / 4).min(max).max(needed)
 }
 
+/// Appends `positions` positions of keys and values (per KV head, `positions × d` consecutive values) to
+/// host buffers holding `len` positions, creating one buffer per head on first use and growing each by
+/// [`grown`] (at most `max` positions).
+fn extend_heads(
+    (k, v, d): (&mut Vec<Vec<f32>>, &mut Vec<Vec<f32>>, &mut usize),
+    (keys, values): (&[f32], &[f32]),
+    kv_heads: usize,
+    positions: usize,
+    (len, max): (usize, usize),
+) {
+    let per_head = keys.len() / kv_heads;
+    if k.is_empty() {
+        *k = vec![Vec::new(); kv_heads];
+        *v = vec![Vec::new(); kv_heads];
+        *d = per_head / positions;
+    }
+    let hd = *d;
+    for (buf, src) in
+        k.iter_mut().zip(keys.chunks_exact(per_head)).chain(v.iter_mut().zip(values.chunks_exact(per_head)))
+    {
+        if buf.capacity() < (len + positions) * hd {
+            buf.reserve_exact(grown(buf.capacity() / hd.max(1), len + positions, max) * hd - buf.len());
+        }
+        buf.extend_from_slice(src);
+    }
+}
+
 impl KvCache {
     pub(crate) fn new(max: usize, dev: &Device) -> Self {
         let store = match dev.is_cpu() {
@@ -85,25 +112,13 @@ impl KvCache {
 
     /// Appends one position's keys and values (`kv_heads × d` each, host buffers; CPU only).
     fn push_host(&mut self, keys: &[f32], values: &[f32], kv_heads: usize) -> Result<()> {
-        let KvStore::Host { k, v, d } = &mut self.store else {
-            return Err(Error::param("cache", "host buffers are for the CPU"));
-        };
         if self.len >= self.max {
             return Err(Error::ContextOverflow { needed: self.len + 1, capacity: self.max });
         }
-        let hd = keys.len() / kv_heads;
-        if k.is_empty() {
-            *k = vec![Vec::new(); kv_heads];
-            *v = vec![Vec::new(); kv_heads];
-            *d = hd;
-        }
-        let (len, max) = (self.len, self.max);
-        for (buf, src) in k.iter_mut().zip(keys.chunks_exact(hd)).chain(v.iter_mut().zip(values.chunks_exact(hd))) {
-            if buf.capacity() < (len + 1) * hd {
-                buf.reserve_exact(grown(buf.capacity() / hd.max(1), len + 1, max) * hd - buf.len());
-            }
-            buf.extend_from_slice(src);
-        }
+        let KvStore::Host { k, v, d } = &mut self.store else {
+            return Err(Error::param("cache", "host buffers are for the CPU"));
+        };
+        extend_heads((k, v, d), (keys, values), kv_heads, 1, (self.len, self.max));
         self.len += 1;
         Ok(())
     }
@@ -127,25 +142,15 @@ impl KvCache {
         let needed = self.len + seq;
         match &mut self.store {
             KvStore::Host { k: kh, v: vh, d } => {
-                if kh.is_empty() {
-                    *kh = vec![Vec::new(); kv_heads];
-                    *vh = vec![Vec::new(); kv_heads];
-                    *d = hd;
-                }
-                let live = |bufs: &mut Vec<Vec<f32>>, new: &Tensor| -> Result<Tensor> {
-                    let new = new.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let keys = k.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                let values = v.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+                extend_heads((kh, vh, d), (&keys, &values), kv_heads, seq, (self.len, self.max));
+                let live = |bufs: &Vec<Vec<f32>>| -> Result<Tensor> {
                     let mut all = Vec::with_capacity(kv_heads * needed * hd);
-                    for (buf, src) in bufs.iter_mut().zip(new.chunks_exact(seq * hd)) {
-                        if buf.capacity() < needed * hd {
-                            buf.reserve_exact(grown(buf.capacity() / hd, needed, self.max) * hd - buf.len());
-                        }
-                        buf.extend_from_slice(src);
-                        all.extend_from_slice(buf);
-                    }
+                    bufs.iter().for_each(|b| all.extend_from_slice(b));
                     Ok(Tensor::from_vec(all, (1, kv_heads, needed, hd), k.device())?)
                 };
-                let ks = live(kh, k)?;
-                let vs = live(vh, v)?;
+                let (ks, vs) = (live(kh)?, live(vh)?);
                 self.len = needed;
                 Ok((ks, vs))
             }
