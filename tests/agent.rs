@@ -625,6 +625,22 @@ fn a_first_call_with_made_up_values_becomes_an_answer() {
         agent(vec![call("calc", json!({"expression": "7+9"})).into(), answer("16").into()], AgentConfig::default());
     let t = a.run("Tell me a joke about cats").unwrap();
     assert_eq!((t.steps[0].calls.len(), t.steps[0].grounding), (1, Some(0.0)));
+
+    // Optional arguments the request does not state are left out before the call is judged: half of
+    // this call's values are made up, but only optional ones (the tool requires nothing).
+    let schema =
+        json!({"type": "object", "properties": {"expression": {"type": "string"}, "units": {"type": "string"}}});
+    let mut a = Agent::builder()
+        .driver(ScriptedDriver::new(vec![
+            ScriptItem::from(call("sum", json!({"expression": "2+3", "units": "kelvin"}))),
+            answer("5").into(),
+        ]))
+        .tool(FnTool::new(ToolSpec::new("sum", "adds", schema).unwrap(), |_| Ok(json!(5))))
+        .config(AgentConfig { abstain_below: Some(0.6), ..AgentConfig::default() })
+        .build()
+        .unwrap();
+    let t = a.run("What is 2+3?").unwrap();
+    assert_eq!((t.steps[0].calls.len(), t.steps[0].grounding), (1, Some(1.0)));
 }
 
 #[test]

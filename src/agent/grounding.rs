@@ -24,36 +24,102 @@ pub struct Evidence {
     text: String,
     known: HashSet<String>,
     numbers: Vec<f64>,
+    /// Numbers the turns name in words ("zero", "twice") or as months ("March" is 3).
+    named_numbers: Vec<f64>,
+    /// The initials of each run of two or three capitalised words ("New York" → "ny").
+    initials: HashSet<String>,
 }
 
 impl Evidence {
     /// The evidence of `conversation`'s user and tool turns.
     pub fn of(conversation: &[ChatMessage]) -> Self {
-        let text: String = conversation
+        let original: String = conversation
             .iter()
             .filter(|m| matches!(m.role, Role::User | Role::Tool))
-            .map(|m| m.content.to_lowercase())
+            .map(|m| m.content.as_str())
             .collect::<Vec<_>>()
             .join("\n");
-        let known = words(&text).map(str::to_string).collect();
+        let text = original.to_lowercase();
+        let known: HashSet<String> = words(&text).map(str::to_string).collect();
         let numbers = written_numbers(&text);
-        Self { text, known, numbers }
+        let named_numbers =
+            NUMBER_WORDS.iter().chain(&MONTHS).filter(|(w, _)| known.contains(*w)).map(|&(_, n)| n).collect();
+        let capitalised: Vec<&str> = words(&original).collect();
+        let mut initials = HashSet::new();
+        for n in [2, 3] {
+            for run in capitalised.windows(n) {
+                if run.iter().all(|w| w.starts_with(|c: char| c.is_uppercase())) {
+                    initials.insert(run.iter().filter_map(|w| w.chars().next()).flat_map(char::to_lowercase).collect());
+                }
+            }
+        }
+        Self { text, known, numbers, named_numbers, initials }
     }
 
     /// The share of `call`'s argument values found in the user and tool turns, averaged over the values:
-    /// a value scores the fraction of its words (lower-case alphanumeric runs) that occur in those turns, and a number 1 when it equals one written there ("$1,000,000", "5%" as 5 or 0.05).
+    /// a number scores 1 when it equals one written there ("$1,000,000", "5%" as 5 or 0.05) or named in
+    /// words ("zero", "twice"); other values the fraction of their words (alphanumeric runs) that the turns
+    /// give, leniently: as written, as a longer or shorter form ("strengths" for "strength"), a run of
+    /// digits as a number written or named there ("2022-03-07" from "March 7, 2022"), a word in capitals
+    /// as the initials or the start of words there ("NY" from "New York", "EUR" from "euros").
     /// Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing is left (a
     /// call without arguments is as grounded as its request).
     pub fn grounding(&self, call: &ToolCall) -> Option<f32> {
         let scores: Vec<f32> = leaves(&call.args)
             .iter()
             .filter_map(|leaf| {
-                let (found, all) = self.words_found(leaf);
-                let written = self.is_written_number(leaf);
-                (all > 0).then(|| if written { 1.0 } else { found as f32 / all as f32 })
+                if let Some(x) = leaf.as_f64() {
+                    if self.is_written_number(leaf) || self.named_numbers.contains(&x) {
+                        return Some(1.0);
+                    }
+                }
+                let s = match leaf {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let ws: Vec<&str> = words(&s).collect();
+                let found = ws.iter().filter(|w| self.gives(w)).count();
+                (!ws.is_empty()).then(|| found as f32 / ws.len() as f32)
             })
             .collect();
         (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
+    }
+
+    /// [`Self::grounding`] of what `call` keeps once its optional arguments the turns do not state are left
+    /// out ([`Self::drop_unstated_options`] under `schema`): those are dropped before the call runs, so
+    /// they say nothing about whether it fits. A call that loses every value it had scores 0.
+    pub fn grounding_of_stated(&self, call: &ToolCall, schema: &Value) -> Option<f32> {
+        let mut kept = call.clone();
+        self.drop_unstated_options(&mut kept, schema);
+        match self.grounding(&kept) {
+            None if !leaves(&call.args).is_empty() => Some(0.0),
+            g => g,
+        }
+    }
+
+    /// Whether the turns give a word of a value (as written; see [`Self::grounding`]).
+    fn gives(&self, word: &str) -> bool {
+        let w = word.to_lowercase();
+        if self.found(&w) || self.has_form_of(&w) {
+            return true;
+        }
+        if w.bytes().all(|b| b.is_ascii_digit()) {
+            return w.parse::<f64>().is_ok_and(|x| self.numbers.contains(&x) || self.named_numbers.contains(&x));
+        }
+        let capitals = (2..=4).contains(&word.len()) && word.chars().all(|c| c.is_ascii_uppercase());
+        capitals
+            && (self.initials.contains(&w)
+                || self
+                    .known
+                    .iter()
+                    .any(|k| k.len() > w.len() && k.starts_with(&w) && k.chars().all(char::is_alphabetic)))
+    }
+
+    /// Whether a word of four letters or more occurs in a longer or shorter form ("chronological" for
+    /// "chronologically").
+    fn has_form_of(&self, w: &str) -> bool {
+        let alpha = |w: &str| w.len() >= 4 && w.chars().all(char::is_alphabetic);
+        alpha(w) && self.known.iter().any(|k| alpha(k) && (k.starts_with(w) || w.starts_with(k.as_str())))
     }
 
     /// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
@@ -175,15 +241,11 @@ impl Evidence {
             let named = NUMBER_WORDS.iter().any(|&(w, n)| n == x && self.known.contains(w));
             return named || self.is_written_number(leaf) || self.words_found(leaf).0 > 0;
         }
-        let alpha = |w: &str| w.len() >= 4 && w.chars().all(char::is_alphabetic);
-        let stem_of = |w: &str| {
-            alpha(w) && self.known.iter().any(|k| alpha(k) && (k.starts_with(w) || w.starts_with(k.as_str())))
-        };
         let words = leaf_words(leaf);
         let content: Vec<&String> = words.iter().filter(|w| !FUNCTION_WORDS.contains(&w.as_str())).collect();
         // A value made only of function words ("to be") is judged by them.
         let judged = if content.is_empty() { words.iter().collect() } else { content };
-        judged.iter().any(|w| self.found(w) || stem_of(w))
+        judged.iter().any(|w| self.found(w) || self.has_form_of(w))
     }
 
     /// Whether a word occurs in the text (see [`Self::words_found`]).
@@ -261,6 +323,22 @@ const NUMBER_WORDS: [(&str, f64); 25] = [
     ("twice", 2.0),
     ("thrice", 3.0),
     ("dozen", 12.0),
+];
+
+/// Months, as the numbers dates write them with.
+const MONTHS: [(&str, f64); 12] = [
+    ("january", 1.0),
+    ("february", 2.0),
+    ("march", 3.0),
+    ("april", 4.0),
+    ("may", 5.0),
+    ("june", 6.0),
+    ("july", 7.0),
+    ("august", 8.0),
+    ("september", 9.0),
+    ("october", 10.0),
+    ("november", 11.0),
+    ("december", 12.0),
 ];
 
 /// Words that scale the number before them.
@@ -392,12 +470,42 @@ mod tests {
         assert_eq!(Evidence::of(&conv).grounding(&call(json!({"a": 41, "b": 0.5}))), Some(1.0));
         // 0.05 is not 0.5: "05" is not a word of the conversation.
         assert_eq!(Evidence::of(&conv).grounding(&call(json!({"b": 0.05}))), Some(0.5));
-        // Numbers as written, with separators or as a percentage, count whole; numbers in words do not.
+        // Numbers as written, with separators or as a percentage, or in words, count whole.
         let conv = [ChatMessage::user("Net income $1,000,000 at 5%, twice.")];
         assert_eq!(
-            Evidence::of(&conv).grounding(&call(json!({"income": 1000000, "rate": 0.05, "times": 2}))),
-            Some(2.0 / 3.0)
+            Evidence::of(&conv).grounding(&call(json!({"income": 1000000, "rate": 0.05, "times": 2, "n": 3}))),
+            Some(0.75)
         );
+    }
+
+    #[test]
+    fn values_rewritten_from_the_request_are_grounded() {
+        let conv = [ChatMessage::user(
+            "From New York to California on March 7, 2024: convert 300 euros, list strength traits, from zero.",
+        )];
+        let g = |args| Evidence::of(&conv).grounding(&call(args));
+        // State codes as initials or the start of a word, a currency code, a date with the month named, a
+        // plural of a word, a number in words.
+        assert_eq!(
+            g(json!({"from": "NY", "to": "CA", "cur": "EUR", "date": "2024-03-07", "traits": ["strengths"], "v0": 0})),
+            Some(1.0)
+        );
+        // Not lower-case abbreviations, capitals that start no word, other dates, short words' forms.
+        assert_eq!(g(json!({"a": "ny", "b": "TX", "c": "2024-04-07", "d": "mar"})), Some(2.0 / 12.0));
+    }
+
+    #[test]
+    fn unstated_optional_arguments_do_not_count_against_a_call() {
+        let conv = [ChatMessage::user("Weather in Oslo, please.")];
+        let schema = json!({"required": ["city"], "properties": {"city": {}, "days": {}, "units": {}}});
+        let evidence = Evidence::of(&conv);
+        let stated = call(json!({"city": "Oslo", "days": 7, "units": "imperial"}));
+        assert_eq!(evidence.grounding(&stated), Some(1.0 / 3.0));
+        assert_eq!(evidence.grounding_of_stated(&stated, &schema), Some(1.0));
+        // A made-up required value still counts; a call that keeps nothing of what it said scores 0.
+        assert_eq!(evidence.grounding_of_stated(&call(json!({"city": "Rome", "days": 3})), &schema), Some(0.0));
+        assert_eq!(evidence.grounding_of_stated(&call(json!({"days": 3})), &schema), Some(0.0));
+        assert_eq!(evidence.grounding_of_stated(&call(json!({})), &schema), None);
     }
 
     #[test]

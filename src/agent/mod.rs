@@ -74,8 +74,9 @@ pub struct AgentConfig {
     /// Under `auto`, after a call that failed (a tool error, timeout or panic), make the next decision a
     /// call: small models otherwise answer with the error instead of fixing the call. Not twice in a row.
     pub call_after_error: bool,
-    /// Under `auto`, a first decision whose first call's [`grounding`](grounding::Evidence::grounding) (the share of
-    /// its argument values found in the user's words) is below this becomes an answer: the model is asked
+    /// Under `auto`, a first decision whose first call's [`grounding`](grounding::Evidence::grounding_of_stated) (the
+    /// share of its argument values found in the user's words, once the optional arguments they do not state
+    /// are left out) is below this becomes an answer: the model is asked
     /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
     /// it made up; this makes "no tool fits" a calibrated choice. `None`: calls are kept as decided.
     pub abstain_below: Option<f32>,

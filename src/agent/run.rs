@@ -178,7 +178,10 @@ impl Agent {
         let evidence = Evidence::of(messages);
         let grounding =
             match (free_first && self.config.tool_choice == ToolChoice::Auto, decided.decision.calls().first()) {
-                (true, Some(call)) => evidence.grounding(call),
+                (true, Some(call)) => match self.executor.tools().get(&call.tool) {
+                    Some(tool) => evidence.grounding_of_stated(call, &tool.spec().parameters),
+                    None => evidence.grounding(call),
+                },
                 _ => None,
             };
         if let (Some(g), Some(threshold)) = (grounding, self.config.abstain_below) {

@@ -208,8 +208,9 @@ pub(crate) struct DecisionArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) end_list_bias: Option<f32>,
     /// Under `--tool-choice auto`, turn a first decision into an answer when less than this share of its
-    /// first call's argument values are words of the user's messages: the model called a tool that does
-    /// not fit (default: the catalog's value for the model, else never; 0 disables).
+    /// first call's argument values are words of the user's messages (optional arguments they do not state
+    /// left out): the model called a tool that does not fit (default: the catalog's value for the model,
+    /// else never; 0 disables).
     #[arg(long)]
     pub(crate) abstain_below: Option<f32>,
     /// With --parallel-calls N and the native format: after a decision's calls, propose one more and keep

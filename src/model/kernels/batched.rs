@@ -32,9 +32,10 @@ fn int_matmul_on(tier: Tier, t: BlockType) -> bool {
 
 /// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` (f32, row-major) and `w` the `n × k` matrix of
 /// type `t` in GGUF block layout: the integer prefill. Each row of `x` is quantized to 8 bits as for
-/// decode; on the AVX-512 tier tiles of 4 weight rows × 4 tokens unpack each weight block once for four
-/// tokens, with the tokens taken 64 at a time so their activations stay in L2 while a worker's rows pass
-/// over them. Other tiers run one mat-vec per token (the reference the tests compare against).
+/// decode; tiles of weight rows × tokens (4 × 2 on AVX-512, 2 × 2 on AVX2 and AVX-VNNI) use each unpacked
+/// weight group for every token of the tile, with the tokens taken a pass at a time so that their
+/// activations stay in L2 while a worker's rows go over them. The scalar tier, and Q8_0 on plain AVX2,
+/// run one mat-vec per token (the reference the tests compare against).
 pub fn matmul(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
     matmul_on(Tier::best(), t, w, n, k, x)
 }
