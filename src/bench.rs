@@ -43,6 +43,10 @@ pub struct BenchReport {
     pub decode_tokens: usize,
     pub decode_tok_s: Vec<f64>,
     pub decode_tok_s_median: f64,
+    /// Megabytes of weights a decode step reads (every matrix once, the embedding's one row aside).
+    pub decode_weights_mb: f64,
+    /// Those bytes times the median decode rate: the weight bandwidth decoding reaches, GB/s.
+    pub decode_gb_s: f64,
     pub peak_rss_mb: Option<f64>,
 }
 
@@ -120,6 +124,8 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         pp_tok_s: pp.into_iter().map(round2).collect(),
         decode_tokens: params.gen_tokens,
         decode_tok_s_median: round2(median(&dec)),
+        decode_weights_mb: round2(info.decode_bytes_per_token as f64 / 1e6),
+        decode_gb_s: round2(info.decode_bytes_per_token as f64 * median(&dec) / 1e9),
         decode_tok_s: dec.into_iter().map(round2).collect(),
         peak_rss_mb: peak_rss_mb().map(round2),
     })

@@ -359,12 +359,27 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
-    /// Shape (outermost first) and type of a tensor.
     /// Number of tensors in the file.
     pub fn tensor_count(&self) -> usize {
         self.content.tensor_infos.len()
     }
 
+    /// Bytes of weights one decode step reads: every tensor but the token embedding, of which a step
+    /// reads one row, and the embedding too where the output layer shares it (no `output.weight`).
+    pub fn decode_bytes_per_token(&self) -> u64 {
+        let tied = !self.has_tensor("output.weight");
+        let bytes = |info: &gguf_file::TensorInfo| {
+            (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()) as u64
+        };
+        self.content
+            .tensor_infos
+            .iter()
+            .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
+            .map(|(_, info)| bytes(info))
+            .sum()
+    }
+
+    /// Shape (outermost first) and type of a tensor.
     pub fn tensor_info(&self, name: &str) -> Result<(Vec<usize>, GgmlDType)> {
         let info = self.content.tensor_infos.get(name).ok_or_else(|| Error::Tensor {
             path: self.path.clone(),
@@ -408,7 +423,7 @@ impl GgufFile {
         Ok(MappedTensor { map: self.map.clone(), offset, len, dims, dtype })
     }
 
-    /// Total bytes of tensor data of the given type, used for summaries.
+    /// How many tensors the file has of each type, for summaries.
     pub fn tensor_type_counts(&self) -> Vec<(String, usize)> {
         let mut counts = std::collections::BTreeMap::<String, usize>::new();
         for info in self.content.tensor_infos.values() {

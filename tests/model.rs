@@ -26,6 +26,24 @@ fn every_architecture_loads_and_gives_finite_logits() {
     }
 }
 
+/// A decode step reads every matrix and norm once and one row of the embedding, so `bench`'s bandwidth
+/// counts the embedding only where the output layer is the embedding (llama's tiny file ties them, qwen2's
+/// has its own `output.weight`). Counted by hand for the tiny files (64 wide, 2 layers, Q8_0 matrices:
+/// 34 bytes per 32 weights; f32 norms and biases).
+#[test]
+fn decode_bytes_count_each_matrix_once_and_the_embedding_when_tied() {
+    let q8 = |rows: u64, cols: u64| rows * cols / 32 * 34;
+    // Norms, q/o 64×64, k/v 32×64, gate/up 128×64, down 64×128 per layer; the final norm.
+    let layer = 2 * 64 * 4 + 2 * q8(64, 64) + 2 * q8(32, 64) + 3 * q8(128, 64);
+    let blocks = 2 * layer + 64 * 4;
+    let llama = tiny_model(Arch::Llama);
+    let vocab = llama.vocab_size() as u64;
+    assert_eq!(llama.info().decode_bytes_per_token, blocks + q8(vocab, 64));
+    // Qwen2: q/k/v biases (64 + 32 + 32 f32 a layer) and the output matrix instead of the embedding.
+    let qwen = tiny_model(Arch::Qwen2);
+    assert_eq!(qwen.info().decode_bytes_per_token, blocks + 2 * 128 * 4 + q8(qwen.vocab_size() as u64, 64));
+}
+
 #[test]
 fn truncating_the_cache_and_rerunning_matches_a_fresh_run_bit_for_bit() {
     for arch in ARCHS {

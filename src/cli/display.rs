@@ -13,6 +13,7 @@ pub(super) fn bench(r: &BenchReport) -> Result<()> {
     out!("load         {:.2} s", r.load_s);
     out!("prefill      {:.1} tok/s  ({} tokens, runs {:?})", r.pp_tok_s_median, r.pp_tokens, r.pp_tok_s);
     out!("decode       {:.1} tok/s  ({} tokens, runs {:?})", r.decode_tok_s_median, r.decode_tokens, r.decode_tok_s);
+    out!("weights      {:.0} MB read a token: {:.1} GB/s while decoding", r.decode_weights_mb, r.decode_gb_s);
     if let Some(rss) = r.peak_rss_mb {
         out!("peak RSS     {rss:.0} MiB");
     }

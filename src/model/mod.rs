@@ -133,6 +133,8 @@ pub struct ModelInfo {
     pub arch: Arch,
     pub name: Option<String>,
     pub file_bytes: u64,
+    /// Bytes of weights a decode step reads ([`GgufFile::decode_bytes_per_token`]).
+    pub decode_bytes_per_token: u64,
     pub hparams: Hparams,
     pub load_time: Duration,
 }
@@ -160,7 +162,9 @@ impl Transformer {
         };
         let hparams = net.hparams().clone();
         let name = g.str_opt("general.name")?.map(String::from);
-        let info = ModelInfo { path, arch, name, file_bytes, hparams, load_time: started.elapsed() };
+        let decode_bytes_per_token = g.decode_bytes_per_token();
+        let info =
+            ModelInfo { path, arch, name, file_bytes, decode_bytes_per_token, hparams, load_time: started.elapsed() };
         Ok(Self { net, info })
     }
 
