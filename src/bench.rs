@@ -112,6 +112,7 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         dec.push(g.stats.decode_tok_s());
     }
     let info = model.info();
+    let decode = median(&dec);
     Ok(BenchReport {
         backend: "reagent",
         model: info.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -123,9 +124,9 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         pp_tok_s_median: round2(median(&pp)),
         pp_tok_s: pp.into_iter().map(round2).collect(),
         decode_tokens: params.gen_tokens,
-        decode_tok_s_median: round2(median(&dec)),
+        decode_tok_s_median: round2(decode),
         decode_weights_mb: round2(info.decode_bytes_per_token as f64 / 1e6),
-        decode_gb_s: round2(info.decode_bytes_per_token as f64 * median(&dec) / 1e9),
+        decode_gb_s: round2(info.decode_bytes_per_token as f64 * decode / 1e9),
         decode_tok_s: dec.into_iter().map(round2).collect(),
         peak_rss_mb: peak_rss_mb().map(round2),
     })

@@ -47,6 +47,11 @@ impl MappedTensor {
     }
 }
 
+/// Bytes of a tensor's data in the file: whole blocks of its type.
+fn tensor_bytes(info: &gguf_file::TensorInfo) -> usize {
+    info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()
+}
+
 /// ggml type ids that candle does not know, so errors can name them.
 fn ggml_type_name(id: u32) -> &'static str {
     match id {
@@ -368,14 +373,11 @@ impl GgufFile {
     /// reads one row, and the embedding too where the output layer shares it (no `output.weight`).
     pub fn decode_bytes_per_token(&self) -> u64 {
         let tied = !self.has_tensor("output.weight");
-        let bytes = |info: &gguf_file::TensorInfo| {
-            (info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()) as u64
-        };
         self.content
             .tensor_infos
             .iter()
             .filter(|(name, _)| tied || name.as_str() != "token_embd.weight")
-            .map(|(_, info)| bytes(info))
+            .map(|(_, info)| tensor_bytes(info) as u64)
             .sum()
     }
 
@@ -417,7 +419,7 @@ impl GgufFile {
         let (dims, dtype) = self.tensor_info(name)?;
         self.check_shape(name, &dims, expected)?;
         let info = &self.content.tensor_infos[name];
-        let len = info.shape.elem_count() / dtype.block_size() * dtype.type_size();
+        let len = tensor_bytes(info);
         // `open` checked that every tensor lies inside the file.
         let offset = (self.content.tensor_data_offset + info.offset) as usize;
         Ok(MappedTensor { map: self.map.clone(), offset, len, dims, dtype })

@@ -27,12 +27,10 @@ usage: replay_grounding.py TASKS.jsonl BASE.jsonl [NOAB.jsonl] SCORE_PY [--pytho
 """
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from collections import defaultdict
+
+from replay_proposals import leaves, words, written_numbers, wrong_ids
 
 NUMBER_WORDS = {w: float(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -40,30 +38,6 @@ NUMBER_WORDS = {w: float(i) for i, w in enumerate(
 NUMBER_WORDS.update({"once": 1.0, "twice": 2.0, "thrice": 3.0, "dozen": 12.0})
 MONTHS = {m: float(i + 1) for i, m in enumerate(
     "january february march april may june july august september october november december".split())}
-
-
-def words(s):
-    return re.findall(r"\d+|[^\W\d_]+", s)
-
-
-def written_numbers(text):
-    out = []
-    for m in re.finditer(r"(?<![\w.])\d[\d,]*(?:\.\d+)?", text):
-        try:
-            out.append(float(m.group().replace(",", "")))
-        except ValueError:
-            pass
-    return out
-
-
-def leaves(v):
-    if isinstance(v, dict):
-        return [x for y in v.values() for x in leaves(y)]
-    if isinstance(v, list):
-        return [x for y in v for x in leaves(y)]
-    if v is None or isinstance(v, bool) or v == "":
-        return []
-    return [v]
 
 
 def grounding(args, text, parts):
@@ -122,13 +96,7 @@ def main():
     for line in open(a.tasks):
         t = json.loads(line)
         tasks[t["id"]] = "\n".join(m["content"] for m in t["messages"] if m["role"] in ("user", "tool"))
-    with tempfile.TemporaryDirectory() as d:
-        res, errs = os.path.join(d, "r.jsonl"), os.path.join(d, "e.jsonl")
-        with open(res, "w") as f:
-            for r in rows:
-                f.write(json.dumps({"id": r["id"], "calls": r["calls"], "final_answer": None}) + "\n")
-        subprocess.run([a.python, score_py, res, "--partial", "--errors", errs], check=True, stdout=subprocess.DEVNULL)
-        wrong = {json.loads(l)["id"] for l in open(errs)}
+    wrong = wrong_ids(a.python, score_py, [{"id": r["id"], "calls": r["calls"], "final_answer": None} for r in rows])
     thresholds = [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8]
     print("parts" + "".join(f"{t:>7.2f}" for t in thresholds))
     variants = [("words",), ("words", "numbers"), ("words", "capitals"), ("words", "forms"),

@@ -24,8 +24,10 @@ pub struct Evidence {
     text: String,
     known: HashSet<String>,
     numbers: Vec<f64>,
-    /// Numbers the turns name in words ("zero", "twice") or as months ("March" is 3).
+    /// Numbers the turns name in words ("zero", "twice").
     named_numbers: Vec<f64>,
+    /// Months the turns name, as numbers ("March" is 3).
+    months: Vec<f64>,
     /// The initials of each run of two or three capitalised words ("New York" → "ny").
     initials: HashSet<String>,
 }
@@ -42,8 +44,8 @@ impl Evidence {
         let text = original.to_lowercase();
         let known: HashSet<String> = words(&text).map(str::to_string).collect();
         let numbers = written_numbers(&text);
-        let named_numbers =
-            NUMBER_WORDS.iter().chain(&MONTHS).filter(|(w, _)| known.contains(*w)).map(|&(_, n)| n).collect();
+        let named = |table: &[(&str, f64)]| table.iter().filter(|(w, _)| known.contains(*w)).map(|&(_, n)| n).collect();
+        let (named_numbers, months) = (named(&NUMBER_WORDS), named(&MONTHS));
         let capitalised: Vec<&str> = words(&original).collect();
         let mut initials = HashSet::new();
         for n in [2, 3] {
@@ -53,7 +55,7 @@ impl Evidence {
                 }
             }
         }
-        Self { text, known, numbers, named_numbers, initials }
+        Self { text, known, numbers, named_numbers, months, initials }
     }
 
     /// The share of `call`'s argument values found in the user and tool turns, averaged over the values:
@@ -69,14 +71,11 @@ impl Evidence {
             .iter()
             .filter_map(|leaf| {
                 if let Some(x) = leaf.as_f64() {
-                    if self.is_written_number(leaf) || self.named_numbers.contains(&x) {
+                    if self.is_written_number(leaf) || self.names_number(x) {
                         return Some(1.0);
                     }
                 }
-                let s = match leaf {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
+                let s = leaf_text(leaf);
                 let ws: Vec<&str> = words(&s).collect();
                 let found = ws.iter().filter(|w| self.gives(w)).count();
                 (!ws.is_empty()).then(|| found as f32 / ws.len() as f32)
@@ -104,7 +103,7 @@ impl Evidence {
             return true;
         }
         if w.bytes().all(|b| b.is_ascii_digit()) {
-            return w.parse::<f64>().is_ok_and(|x| self.numbers.contains(&x) || self.named_numbers.contains(&x));
+            return w.parse::<f64>().is_ok_and(|x| self.numbers.contains(&x) || self.names_number(x));
         }
         let capitals = (2..=4).contains(&word.len()) && word.chars().all(|c| c.is_ascii_uppercase());
         capitals
@@ -113,6 +112,11 @@ impl Evidence {
                     .known
                     .iter()
                     .any(|k| k.len() > w.len() && k.starts_with(&w) && k.chars().all(char::is_alphabetic)))
+    }
+
+    /// Whether the turns name `x` in words or as a month.
+    fn names_number(&self, x: f64) -> bool {
+        self.named_numbers.contains(&x) || self.months.contains(&x)
     }
 
     /// Whether a word of four letters or more occurs in a longer or shorter form ("chronological" for
@@ -238,8 +242,7 @@ impl Evidence {
     /// Whether a leaf is stated, leniently (see [`drop_unstated_options`]).
     fn states(&self, leaf: &Value) -> bool {
         if let Some(x) = leaf.as_f64() {
-            let named = NUMBER_WORDS.iter().any(|&(w, n)| n == x && self.known.contains(w));
-            return named || self.is_written_number(leaf) || self.words_found(leaf).0 > 0;
+            return self.named_numbers.contains(&x) || self.is_written_number(leaf) || self.words_found(leaf).0 > 0;
         }
         let words = leaf_words(leaf);
         let content: Vec<&String> = words.iter().filter(|w| !FUNCTION_WORDS.contains(&w.as_str())).collect();
@@ -399,11 +402,15 @@ fn leaves(v: &Value) -> Vec<Value> {
 
 /// The words of a scalar value, lower-cased.
 fn leaf_words(v: &Value) -> Vec<String> {
-    let s = match v {
-        Value::String(s) => s.to_lowercase(),
-        other => other.to_string(),
-    };
-    words(&s).map(str::to_string).collect()
+    words(&leaf_text(v).to_lowercase()).map(str::to_string).collect()
+}
+
+/// A scalar value as text: a string as it is, a number as JSON writes it.
+fn leaf_text(v: &Value) -> std::borrow::Cow<'_, str> {
+    match v {
+        Value::String(s) => s.into(),
+        other => other.to_string().into(),
+    }
 }
 
 /// Runs of letters and runs of digits: `10m` is `10` and `m`, so a value of 10 is found in "10m".
