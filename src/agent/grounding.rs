@@ -67,21 +67,22 @@ impl Evidence {
     /// Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing is left (a
     /// call without arguments is as grounded as its request).
     pub fn grounding(&self, call: &ToolCall) -> Option<f32> {
-        let scores: Vec<f32> = leaves(&call.args)
-            .iter()
-            .filter_map(|leaf| {
-                if let Some(x) = leaf.as_f64() {
-                    if self.is_written_number(leaf) || self.names_number(x) {
-                        return Some(1.0);
-                    }
-                }
-                let s = leaf_text(leaf);
-                let ws: Vec<&str> = words(&s).collect();
-                let found = ws.iter().filter(|w| self.gives(w)).count();
-                (!ws.is_empty()).then(|| found as f32 / ws.len() as f32)
-            })
-            .collect();
+        let scores: Vec<f32> = leaves(&call.args).iter().filter_map(|leaf| self.leaf_grounding(leaf)).collect();
         (!scores.is_empty()).then(|| scores.iter().sum::<f32>() / scores.len() as f32)
+    }
+
+    /// [`Self::grounding`] of one scalar value: 1 for a number written or named in the turns, else the share
+    /// of its words the turns give; `None` for a value without words.
+    fn leaf_grounding(&self, leaf: &Value) -> Option<f32> {
+        if let Some(x) = leaf.as_f64() {
+            if self.is_written_number(leaf) || self.names_number(x) {
+                return Some(1.0);
+            }
+        }
+        let s = leaf_text(leaf);
+        let ws: Vec<&str> = words(&s).collect();
+        let found = ws.iter().filter(|w| self.gives(w)).count();
+        (!ws.is_empty()).then(|| found as f32 / ws.len() as f32)
     }
 
     /// [`Self::grounding`] of what `call` keeps once its optional arguments the turns do not state are left
@@ -99,7 +100,10 @@ impl Evidence {
     /// Whether the turns give a word of a value (as written; see [`Self::grounding`]).
     fn gives(&self, word: &str) -> bool {
         let w = word.to_lowercase();
-        if self.found(&w) || self.has_form_of(&w) {
+        // An identifier written in mixed case ("pointB", "userId") is a name, not a form of a word: only
+        // as written.
+        let identifier = word.chars().skip_while(|c| !c.is_lowercase()).any(char::is_uppercase);
+        if self.found(&w) || (!identifier && self.has_form_of(&w)) {
             return true;
         }
         if w.bytes().all(|b| b.is_ascii_digit()) {
@@ -127,19 +131,25 @@ impl Evidence {
     }
 
     /// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
-    /// for: not a repeat; it brings at least one value no earlier call used, and every such value occurs in
-    /// the user and tool turns (numbers also as written with thousands separators or as a percentage); and
-    /// against each earlier call of the same tool it changes an argument both give (not a refinement that only
-    /// adds arguments), without replacing a value that was itself made up, less than half of its words
-    /// occurring in the turns (a correction, not a new item; "San Francisco, CA" is not made up).
+    /// for. It is judged as it will run, its optional arguments the turns do not state left out (see
+    /// [`Self::drop_unstated_options`] under `schema`, the tool's parameters). It must not repeat an earlier
+    /// call; it brings a value no earlier call used, or calls a tool no earlier call did whose name has a
+    /// word of the request that no earlier tool's name has ("temperature and humidity forecast for Boston":
+    /// `forecast_humidity` after `forecast_temperature`, with the same arguments); every new value is given by
+    /// the turns, leniently as for [`Self::grounding`]; and against each earlier call of the same tool it
+    /// changes an argument both give (not a refinement that only adds arguments), without replacing a value
+    /// that was itself made up, less than half of its words occurring in the turns (a correction, not a new
+    /// item; "San Francisco, CA" is not made up).
     ///
     /// Small models stop after the first of several requested calls ("weather in New York, Los Angeles, London
     /// and Tokyo" → one call); proposing one more and keeping it only when it passes this test recovers the
     /// others without adding calls the request does not support.
-    pub fn is_new_requested_item(&self, call: &ToolCall, earlier: &[ToolCall]) -> bool {
+    pub fn is_new_requested_item(&self, call: &ToolCall, earlier: &[ToolCall], schema: &Value) -> bool {
         if earlier.iter().any(|e| e == call) {
             return false;
         }
+        let mut call = call.clone();
+        self.drop_unstated_options(&mut call, schema);
         let used: HashSet<String> = earlier.iter().flat_map(|e| leaves(&e.args)).flat_map(|l| leaf_words(&l)).collect();
         let new: Vec<Value> = leaves(&call.args)
             .into_iter()
@@ -148,7 +158,10 @@ impl Evidence {
                 !ws.is_empty() && !ws.iter().all(|w| used.contains(w))
             })
             .collect();
-        if new.is_empty() || !new.iter().all(|l| self.grounds(l)) {
+        if !new.iter().all(|l| self.leaf_grounding(l) == Some(1.0)) {
+            return false;
+        }
+        if new.is_empty() && !self.names_new_tool(&call.tool, earlier) {
             return false;
         }
         earlier.iter().filter(|e| e.tool == call.tool).all(|e| {
@@ -156,6 +169,23 @@ impl Evidence {
             let changed: Vec<&Value> =
                 before.iter().filter(|(k, v)| now.get(*k).is_some_and(|n| n != *v)).map(|(_, v)| v).collect();
             !changed.is_empty() && changed.iter().all(|v| leaves(v).iter().all(|l| self.mostly_grounds(l)))
+        })
+    }
+
+    /// Whether `tool` is none of the `earlier` calls' tools and its name has a word of four letters or more,
+    /// other than a generic action ("get", "search", "calculate"), that the turns give (as written or in
+    /// another form: "prep" for "prepare") and that no earlier tool's name has in any form.
+    fn names_new_tool(&self, tool: &str, earlier: &[ToolCall]) -> bool {
+        if earlier.iter().any(|e| e.tool == tool) {
+            return false;
+        }
+        let before: Vec<String> = earlier.iter().flat_map(|e| name_words(&e.tool)).collect();
+        let same_word = |a: &str, b: &str| a.starts_with(b) || b.starts_with(a);
+        name_words(tool).iter().any(|w| {
+            w.len() >= 4
+                && !GENERIC_ACTIONS.contains(&w.as_str())
+                && !before.iter().any(|b| same_word(b, w))
+                && (self.found(w) || self.has_form_of(w))
         })
     }
 
@@ -223,13 +253,6 @@ impl Evidence {
     fn words_found(&self, leaf: &Value) -> (usize, usize) {
         let ws = leaf_words(leaf);
         (ws.iter().filter(|w| self.found(w)).count(), ws.len())
-    }
-
-    /// Whether every word of a leaf value occurs in the text (a number also when it equals one written
-    /// there).
-    fn grounds(&self, leaf: &Value) -> bool {
-        let (found, all) = self.words_found(leaf);
-        found == all || self.is_written_number(leaf)
     }
 
     /// Whether at least half of a leaf value's words occur in the text (a number: whether it is written
@@ -390,6 +413,49 @@ fn written_numbers(text: &str) -> Vec<f64> {
 }
 
 /// The scalar values inside `v` (strings and numbers; booleans and nulls carry no evidence).
+/// The words of a tool's name, lower-cased: split at anything not a letter or digit and where a lower-case
+/// letter meets a capital (`ViolationApi_get` → violation, api, get).
+fn name_words(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() || (prev_lower && c.is_uppercase()) {
+            if !cur.is_empty() {
+                out.push(std::mem::take(&mut cur));
+            }
+        }
+        if c.is_alphanumeric() {
+            cur.extend(c.to_lowercase());
+        }
+        prev_lower = c.is_lowercase();
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Words of tool names that name an action any tool may do, not the thing a request asks about.
+const GENERIC_ACTIONS: [&str; 16] = [
+    "calc",
+    "calculate",
+    "check",
+    "compute",
+    "create",
+    "data",
+    "details",
+    "fetch",
+    "find",
+    "info",
+    "information",
+    "list",
+    "lookup",
+    "query",
+    "retrieve",
+    "search",
+];
+
 fn leaves(v: &Value) -> Vec<Value> {
     match v {
         Value::Object(m) => m.values().flat_map(leaves).collect(),
@@ -522,7 +588,9 @@ mod tests {
         )];
         let c = |tool: &str, args: Value| ToolCall { tool: tool.into(), args };
         let ny = c("weather", json!({"city": "New York", "units": "metric"}));
-        let new = |call: &ToolCall, earlier: &[ToolCall]| Evidence::of(&conv).is_new_requested_item(call, earlier);
+        let schema = json!({"required": ["city", "near", "amount", "rate"]});
+        let new =
+            |call: &ToolCall, earlier: &[ToolCall]| Evidence::of(&conv).is_new_requested_item(call, earlier, &schema);
         let after_ny = std::slice::from_ref(&ny);
         // Another city of the list: a new item.
         assert!(new(&c("weather", json!({"city": "Los Angeles", "units": "metric"})), after_ny));
@@ -538,9 +606,35 @@ mod tests {
         assert!(new(&c("weather", json!({"city": "Tokyo", "units": "metric"})), &[abbreviated]));
         // Numbers count as written: separators and percentages.
         assert!(new(&c("loan", json!({"amount": 1_500_000, "rate": 0.05})), after_ny));
-        assert!(!new(&c("loan", json!({"amount": 1_400_000, "rate": 0.05})), &[ny]));
+        assert!(!new(&c("loan", json!({"amount": 1_400_000, "rate": 0.05})), after_ny));
+        // Judged as it will run: a made-up optional value is left out first, a rewritten one counts ("LA").
+        assert!(new(&c("weather", json!({"city": "Tokyo", "units": "metric", "days": 3})), after_ny));
+        assert!(new(&c("weather", json!({"city": "LA", "units": "metric"})), after_ny));
+        // A mixed-case identifier is not another form of a word of the request ("pointB" for "point").
+        let point = |name: &str| c("set_point", json!({"point_name": name}));
+        let conv = [ChatMessage::user("Change the point 'pointA' to 2,3,4")];
+        let required = json!({"required": ["point_name"]});
+        assert!(!Evidence::of(&conv).is_new_requested_item(&point("pointB"), &[point("pointA")], &required));
         assert_eq!(written_numbers("pay $1,500,000 at 5% for 10.5 years, id b12"), [1_500_000.0, 5.0, 0.05, 10.5]);
         assert_eq!(written_numbers("1.25 billion people, 3 millionaires"), [1.25, 1.25e9, 3.0]);
+    }
+
+    #[test]
+    fn another_tool_the_request_names_is_a_new_item_with_the_same_arguments() {
+        let conv =
+            [ChatMessage::user("Get the temperature and humidity forecast for Boston, and find its top scorer.")];
+        let schema = json!({"required": ["location"]});
+        let c = |tool: &str| ToolCall { tool: tool.into(), args: json!({"location": "Boston"}) };
+        let new =
+            |call: &ToolCall, earlier: &[ToolCall]| Evidence::of(&conv).is_new_requested_item(call, earlier, &schema);
+        let temperature = [c("weather_forecast_temperature")];
+        assert!(new(&c("weather_forecast_humidity"), &temperature));
+        assert!(new(&c("TeamStats_getTopScorer"), &temperature));
+        // A tool the request does not name, or names only by a generic action or a word an earlier tool has.
+        assert!(!new(&c("weather_forecast_precipitation"), &temperature));
+        assert!(!new(&c("find_forecasts"), &temperature));
+        assert!(!new(&c("weather_forecast_temperature"), &[c("weather_forecast_humidity"), temperature[0].clone()]));
+        assert_eq!(name_words("violation_api_ViolationApi_get"), ["violation", "api", "violation", "api", "get"]);
     }
 
     #[test]

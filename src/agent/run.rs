@@ -252,7 +252,11 @@ impl Agent {
                 _ => break,
             };
             let [call] = proposed.as_slice() else { break };
-            let kept = self.check_call(call).is_ok() && turns.evidence.is_new_requested_item(call, &calls);
+            let kept =
+                self.check_call(call).is_ok()
+                    && self.executor.tools().get(&call.tool).is_some_and(|tool| {
+                        turns.evidence.is_new_requested_item(call, &calls, &tool.spec().parameters)
+                    });
             self.emit(AgentEvent::CallProposed { step, call: call.clone(), kept });
             if !kept {
                 break;
