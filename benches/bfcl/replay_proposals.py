@@ -14,6 +14,11 @@ run's more-calls bias, here 13) followed by its proposals. The script scores eve
 calls with BFCL's checker, then prints the per-category accuracy of the defaults without proposals and
 with them (abstention at `--abstain-below`, on the first call's grounding, after the proposals).
 
+The test replayed here is the rule's first version, with which it was set (words as written, the call as
+the model wrote it). The current rule in grounding.rs also judges the call as it will run (unstated
+optional arguments left out), grounds new values leniently (as `Evidence::grounding`), and keeps a call to
+another tool that the request names by a word of its name; it was measured by live runs (README).
+
 usage: replay_proposals.py FORCED.jsonl TASKS.jsonl SCORE_PY [--python PY] [--more-calls-bias 13]
        [--abstain-below 0.45]
 """
