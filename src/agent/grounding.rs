@@ -420,10 +420,8 @@ fn name_words(name: &str) -> Vec<String> {
     let mut cur = String::new();
     let mut prev_lower = false;
     for c in name.chars() {
-        if !c.is_alphanumeric() || (prev_lower && c.is_uppercase()) {
-            if !cur.is_empty() {
-                out.push(std::mem::take(&mut cur));
-            }
+        if (!c.is_alphanumeric() || (prev_lower && c.is_uppercase())) && !cur.is_empty() {
+            out.push(std::mem::take(&mut cur));
         }
         if c.is_alphanumeric() {
             cur.extend(c.to_lowercase());
