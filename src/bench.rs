@@ -37,6 +37,8 @@ pub struct BenchReport {
     /// How prompt batches are multiplied (`amx_bf16` or `f32_gemm`).
     pub prefill_kernel: &'static str,
     pub load_s: f64,
+    /// Whether the weights were read from huge pages (`LoadOptions::huge_pages`).
+    pub huge_pages: bool,
     pub pp_tokens: usize,
     pub pp_tok_s: Vec<f64>,
     pub pp_tok_s_median: f64,
@@ -120,6 +122,7 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         kernels: format!("{:?}", crate::model::kernels::Tier::best()),
         prefill_kernel: crate::model::prefill_kernel(),
         load_s: round2(info.load_time.as_secs_f64() * 10.0) / 10.0,
+        huge_pages: info.huge_pages,
         pp_tokens,
         pp_tok_s_median: round2(median(&pp)),
         pp_tok_s: pp.into_iter().map(round2).collect(),

@@ -47,6 +47,13 @@ impl MappedTensor {
     }
 }
 
+/// The process's anonymous memory on huge pages, in bytes (Linux; `None` elsewhere or when unreadable).
+fn anon_huge_bytes() -> Option<usize> {
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = rollup.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    line.split_whitespace().nth(1)?.parse::<usize>().ok().map(|kb| kb * 1024)
+}
+
 /// Bytes of a tensor's data in the file: whole blocks of its type.
 fn tensor_bytes(info: &gguf_file::TensorInfo) -> usize {
     info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size()
@@ -205,6 +212,33 @@ impl GgufFile {
             }
         }
         Ok(Self { path, content, map, f32_reference: false })
+    }
+
+    /// Copies the file's bytes into anonymous memory that the kernel is asked to back with 2 MiB pages
+    /// (Linux `MADV_HUGEPAGE`), and reads tensors from there from now on; says whether huge pages were
+    /// granted (the process's huge anonymous pages grew by at least half the file).
+    ///
+    /// Decoding streams every weight once a token. From the file's map, on 4 KiB pages, that is a TLB miss
+    /// every 4 KiB, and the hardware prefetchers stop at each page's end: on the development machine (Zen 5,
+    /// a VM) the 1.5B decoded 3% to 26% faster from huge pages, by sitting. The copy costs the file's size in
+    /// private memory (the file's page cache can then be dropped) and the kernel's time to find and clear
+    /// the pages at load (1.3 s more for 1.1 GB there).
+    pub fn copy_to_huge_pages(&mut self) -> Result<bool> {
+        let len = self.map.len();
+        let before = anon_huge_bytes();
+        let mut copy = memmap2::MmapMut::map_anon(len).map_err(|e| Error::io(&self.path, e))?;
+        #[cfg(target_os = "linux")]
+        let _ = copy.advise(memmap2::Advice::HugePage);
+        // The page faults (finding and clearing pages) are most of the time: on every core.
+        let threads = std::thread::available_parallelism().map_or(1, usize::from).min(8);
+        let chunk = len.div_ceil(threads).next_multiple_of(2 << 20).max(1);
+        std::thread::scope(|s| {
+            for (to, from) in copy.chunks_mut(chunk).zip(self.map.chunks(chunk)) {
+                s.spawn(move || to.copy_from_slice(from));
+            }
+        });
+        self.map = Arc::new(copy.make_read_only().map_err(|e| Error::io(&self.path, e))?);
+        Ok(matches!((before, anon_huge_bytes()), (Some(b), Some(a)) if a >= b + len / 2))
     }
 
     /// The file's path.

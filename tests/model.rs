@@ -79,6 +79,20 @@ fn forward_at_an_earlier_position_drops_the_rest_of_the_cache() {
 }
 
 #[test]
+fn weights_copied_to_huge_pages_give_the_same_logits_as_the_files_map() {
+    // Whether the kernel grants huge pages is its choice (`info().huge_pages` says); the copy must read the
+    // same bytes either way.
+    for arch in ARCHS {
+        let ids: Vec<u32> = (20..40).collect();
+        let load = |huge_pages| Model::load(tiny_path(arch), &LoadOptions { huge_pages, ..LoadOptions::default() });
+        let (mut copied, mut mapped) = (load(true).unwrap(), load(false).unwrap());
+        assert!(!mapped.info().huge_pages);
+        assert_eq!(copied.forward(&ids, 0).unwrap(), mapped.forward(&ids, 0).unwrap(), "{arch:?}");
+        assert_eq!(copied.forward(&[7], ids.len()).unwrap(), mapped.forward(&[7], ids.len()).unwrap(), "{arch:?}");
+    }
+}
+
+#[test]
 fn incremental_decode_matches_one_shot_prefill() {
     // Feeding tokens one at a time must agree with one batched forward. They are not bit-equal: single
     // rows go through the quantized kernel, which rounds activations to 8 bits (error ~1/256 of each

@@ -10,7 +10,7 @@ use reagent::eval::Summary;
 pub(super) fn bench(r: &BenchReport) -> Result<()> {
     out!("model        {} ({} threads)", r.model, r.threads);
     out!("kernels      {} (decode), {} (prefill)", r.kernels, r.prefill_kernel);
-    out!("load         {:.2} s", r.load_s);
+    out!("load         {:.2} s{}", r.load_s, if r.huge_pages { ", weights on huge pages" } else { "" });
     out!("prefill      {:.1} tok/s  ({} tokens, runs {:?})", r.pp_tok_s_median, r.pp_tokens, r.pp_tok_s);
     out!("decode       {:.1} tok/s  ({} tokens, runs {:?})", r.decode_tok_s_median, r.decode_tokens, r.decode_tok_s);
     out!("weights      {:.0} MB read a token: {:.1} GB/s while decoding", r.decode_weights_mb, r.decode_gb_s);

@@ -118,11 +118,18 @@ pub struct LoadOptions {
     /// Compute every matrix product in f32 on dequantized weights, decode steps included: slow, and the
     /// reference the quantized kernels are tested against.
     pub f32_reference: bool,
+    /// On the CPU, copy the weights into memory on huge pages ([`GgufFile::copy_to_huge_pages`]) rather
+    /// than read them from the file's map: decoding up to a quarter faster on a memory-bound model (from
+    /// +3% to +26% for the 1.5B on the development machine, by sitting), for the file's size in private
+    /// memory (peak RSS about twice the file while loading) and a slower load (1.3 s more for 1.1 GB).
+    /// Off by default; `REAGENT_HUGE_PAGES=1` turns the default on.
+    pub huge_pages: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { device: Device::Cpu, max_context: None, tokenizer_json: None, f32_reference: false }
+        let huge_pages = std::env::var("REAGENT_HUGE_PAGES").is_ok_and(|v| v == "1");
+        Self { device: Device::Cpu, max_context: None, tokenizer_json: None, f32_reference: false, huge_pages }
     }
 }
 
@@ -137,6 +144,8 @@ pub struct ModelInfo {
     pub decode_bytes_per_token: u64,
     pub hparams: Hparams,
     pub load_time: Duration,
+    /// Whether the weights are on huge pages ([`LoadOptions::huge_pages`], granted by the kernel).
+    pub huge_pages: bool,
 }
 
 /// A GGUF file's network: its weights on a device and the KV cache.
@@ -149,6 +158,7 @@ impl Transformer {
     /// Builds the network of an open GGUF file; `info().load_time` counts from `started`.
     pub fn load(g: &mut GgufFile, opts: &LoadOptions, started: Instant) -> Result<Self> {
         g.f32_reference = opts.f32_reference;
+        let huge_pages = opts.device.is_cpu() && opts.huge_pages && g.copy_to_huge_pages()?;
         let path = g.path().to_path_buf();
         let file_bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
         let arch = Arch::of(g)?;
@@ -163,8 +173,16 @@ impl Transformer {
         let hparams = net.hparams().clone();
         let name = g.str_opt("general.name")?.map(String::from);
         let decode_bytes_per_token = g.decode_bytes_per_token();
-        let info =
-            ModelInfo { path, arch, name, file_bytes, decode_bytes_per_token, hparams, load_time: started.elapsed() };
+        let info = ModelInfo {
+            path,
+            arch,
+            name,
+            file_bytes,
+            decode_bytes_per_token,
+            hparams,
+            load_time: started.elapsed(),
+            huge_pages,
+        };
         Ok(Self { net, info })
     }
 
