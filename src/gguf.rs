@@ -7,8 +7,9 @@
 //! getters that say which key is missing or mistyped.
 //!
 //! The file is memory-mapped: weights in the types reagent's own kernels read ([`MappedTensor`]) are used
-//! in place, so loading copies nothing and the weights count once in memory (as page cache); other
-//! tensors are copied into candle `QTensor`s from the map.
+//! in place, so loading copies nothing and the weights count once in memory (as page cache), unless the
+//! file is first copied onto huge pages ([`GgufFile::copy_to_huge_pages`], opt-in); other tensors are
+//! copied into candle `QTensor`s from the map.
 
 use std::fs::File;
 use std::io::{Cursor, Read, Seek, SeekFrom};
@@ -224,6 +225,9 @@ impl GgufFile {
     /// private memory (the file's page cache can then be dropped) and the kernel's time to find and clear
     /// the pages at load (1.3 s more for 1.1 GB there).
     pub fn copy_to_huge_pages(&mut self) -> Result<bool> {
+        if !cfg!(target_os = "linux") {
+            return Ok(false);
+        }
         let len = self.map.len();
         let before = anon_huge_bytes();
         let mut copy = memmap2::MmapMut::map_anon(len).map_err(|e| Error::io(&self.path, e))?;
@@ -232,11 +236,20 @@ impl GgufFile {
         // The page faults (finding and clearing pages) are most of the time: on every core.
         let threads = std::thread::available_parallelism().map_or(1, usize::from).min(8);
         let chunk = len.div_ceil(threads).next_multiple_of(2 << 20).max(1);
-        std::thread::scope(|s| {
-            for (to, from) in copy.chunks_mut(chunk).zip(self.map.chunks(chunk)) {
-                s.spawn(move || to.copy_from_slice(from));
-            }
+        let failed: Vec<usize> = std::thread::scope(|s| {
+            let parts = copy.chunks_mut(chunk).zip(self.map.chunks(chunk)).enumerate();
+            let spawned: Vec<_> = parts
+                .map(|(i, (to, from))| {
+                    std::thread::Builder::new().spawn_scoped(s, move || to.copy_from_slice(from)).map_err(|_| i)
+                })
+                .collect();
+            spawned.into_iter().filter_map(|r| r.err()).collect()
         });
+        // A part whose thread could not start is copied here.
+        for i in failed {
+            let range = i * chunk..len.min((i + 1) * chunk);
+            copy[range.clone()].copy_from_slice(&self.map[range]);
+        }
         self.map = Arc::new(copy.make_read_only().map_err(|e| Error::io(&self.path, e))?);
         Ok(matches!((before, anon_huge_bytes()), (Some(b), Some(a)) if a >= b + len / 2))
     }

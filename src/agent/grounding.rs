@@ -131,8 +131,9 @@ impl Evidence {
     }
 
     /// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
-    /// for. It is judged as it will run, its optional arguments the turns do not state left out (see
-    /// [`Self::drop_unstated_options`] under `schema`, the tool's parameters). It must not repeat an earlier
+    /// for. It is judged as it will run: with `schema` (the tool's parameters, given when unstated optional
+    /// arguments are dropped before calls run), its optional arguments the turns do not state left out (see
+    /// [`Self::drop_unstated_options`]). It must not repeat an earlier
     /// call; it brings a value no earlier call used, or calls a tool no earlier call did whose name has a
     /// word of the request that no earlier tool's name has ("temperature and humidity forecast for Boston":
     /// `forecast_humidity` after `forecast_temperature`, with the same arguments); every new value is given by
@@ -144,12 +145,14 @@ impl Evidence {
     /// Small models stop after the first of several requested calls ("weather in New York, Los Angeles, London
     /// and Tokyo" → one call); proposing one more and keeping it only when it passes this test recovers the
     /// others without adding calls the request does not support.
-    pub fn is_new_requested_item(&self, call: &ToolCall, earlier: &[ToolCall], schema: &Value) -> bool {
+    pub fn is_new_requested_item(&self, call: &ToolCall, earlier: &[ToolCall], schema: Option<&Value>) -> bool {
         if earlier.iter().any(|e| e == call) {
             return false;
         }
         let mut call = call.clone();
-        self.drop_unstated_options(&mut call, schema);
+        if let Some(schema) = schema {
+            self.drop_unstated_options(&mut call, schema);
+        }
         let used: HashSet<String> = earlier.iter().flat_map(|e| leaves(&e.args)).flat_map(|l| leaf_words(&l)).collect();
         let new: Vec<Value> = leaves(&call.args)
             .into_iter()
@@ -180,7 +183,9 @@ impl Evidence {
             return false;
         }
         let before: Vec<String> = earlier.iter().flat_map(|e| name_words(&e.tool)).collect();
-        let same_word = |a: &str, b: &str| a.starts_with(b) || b.starts_with(a);
+        // Another form of a word, as `has_form_of` reads it: both of four letters or more.
+        let same_word =
+            |a: &str, b: &str| a == b || (a.len() >= 4 && b.len() >= 4 && (a.starts_with(b) || b.starts_with(a)));
         name_words(tool).iter().any(|w| {
             w.len() >= 4
                 && !GENERIC_ACTIONS.contains(&w.as_str())
@@ -412,7 +417,6 @@ fn written_numbers(text: &str) -> Vec<f64> {
     out
 }
 
-/// The scalar values inside `v` (strings and numbers; booleans and nulls carry no evidence).
 /// The words of a tool's name, lower-cased: split at anything not a letter or digit and where a lower-case
 /// letter meets a capital (`ViolationApi_get` → violation, api, get).
 fn name_words(name: &str) -> Vec<String> {
@@ -454,6 +458,7 @@ const GENERIC_ACTIONS: [&str; 16] = [
     "search",
 ];
 
+/// The scalar values inside `v` (strings and numbers; booleans and nulls carry no evidence).
 fn leaves(v: &Value) -> Vec<Value> {
     match v {
         Value::Object(m) => m.values().flat_map(leaves).collect(),
@@ -587,8 +592,9 @@ mod tests {
         let c = |tool: &str, args: Value| ToolCall { tool: tool.into(), args };
         let ny = c("weather", json!({"city": "New York", "units": "metric"}));
         let schema = json!({"required": ["city", "near", "amount", "rate"]});
-        let new =
-            |call: &ToolCall, earlier: &[ToolCall]| Evidence::of(&conv).is_new_requested_item(call, earlier, &schema);
+        let new = |call: &ToolCall, earlier: &[ToolCall]| {
+            Evidence::of(&conv).is_new_requested_item(call, earlier, Some(&schema))
+        };
         let after_ny = std::slice::from_ref(&ny);
         // Another city of the list: a new item.
         assert!(new(&c("weather", json!({"city": "Los Angeles", "units": "metric"})), after_ny));
@@ -612,7 +618,7 @@ mod tests {
         let point = |name: &str| c("set_point", json!({"point_name": name}));
         let conv = [ChatMessage::user("Change the point 'pointA' to 2,3,4")];
         let required = json!({"required": ["point_name"]});
-        assert!(!Evidence::of(&conv).is_new_requested_item(&point("pointB"), &[point("pointA")], &required));
+        assert!(!Evidence::of(&conv).is_new_requested_item(&point("pointB"), &[point("pointA")], Some(&required)));
         assert_eq!(written_numbers("pay $1,500,000 at 5% for 10.5 years, id b12"), [1_500_000.0, 5.0, 0.05, 10.5]);
         assert_eq!(written_numbers("1.25 billion people, 3 millionaires"), [1.25, 1.25e9, 3.0]);
     }
@@ -623,15 +629,21 @@ mod tests {
             [ChatMessage::user("Get the temperature and humidity forecast for Boston, and find its top scorer.")];
         let schema = json!({"required": ["location"]});
         let c = |tool: &str| ToolCall { tool: tool.into(), args: json!({"location": "Boston"}) };
-        let new =
-            |call: &ToolCall, earlier: &[ToolCall]| Evidence::of(&conv).is_new_requested_item(call, earlier, &schema);
+        let new = |call: &ToolCall, earlier: &[ToolCall]| {
+            Evidence::of(&conv).is_new_requested_item(call, earlier, Some(&schema))
+        };
         let temperature = [c("weather_forecast_temperature")];
         assert!(new(&c("weather_forecast_humidity"), &temperature));
         assert!(new(&c("TeamStats_getTopScorer"), &temperature));
         // A tool the request does not name, or names only by a generic action or a word an earlier tool has.
         assert!(!new(&c("weather_forecast_precipitation"), &temperature));
         assert!(!new(&c("find_forecasts"), &temperature));
-        assert!(!new(&c("weather_forecast_temperature"), &[c("weather_forecast_humidity"), temperature[0].clone()]));
+        assert!(!new(&c("humidity_forecasts"), &[c("weather_forecast_humidity")]));
+        // A short word of an earlier tool's name ("to") is not another form of a longer one ("tomorrow").
+        let conv = [ChatMessage::user("Convert it, then the forecast for tomorrow.")];
+        let later =
+            Evidence::of(&conv).is_new_requested_item(&c("forecast_tomorrow"), &[c("convert_to_x")], Some(&schema));
+        assert!(later);
         assert_eq!(name_words("violation_api_ViolationApi_get"), ["violation", "api", "violation", "api", "get"]);
     }
 

@@ -252,11 +252,11 @@ impl Agent {
                 _ => break,
             };
             let [call] = proposed.as_slice() else { break };
-            let kept =
-                self.check_call(call).is_ok()
-                    && self.executor.tools().get(&call.tool).is_some_and(|tool| {
-                        turns.evidence.is_new_requested_item(call, &calls, &tool.spec().parameters)
-                    });
+            let kept = self.check_call(call).is_ok()
+                && self.executor.tools().get(&call.tool).is_some_and(|tool| {
+                    let schema = self.config.drop_unstated_options.then_some(&tool.spec().parameters);
+                    turns.evidence.is_new_requested_item(call, &calls, schema)
+                });
             self.emit(AgentEvent::CallProposed { step, call: call.clone(), kept });
             if !kept {
                 break;

@@ -158,7 +158,8 @@ impl Transformer {
     /// Builds the network of an open GGUF file; `info().load_time` counts from `started`.
     pub fn load(g: &mut GgufFile, opts: &LoadOptions, started: Instant) -> Result<Self> {
         g.f32_reference = opts.f32_reference;
-        let huge_pages = opts.device.is_cpu() && opts.huge_pages && g.copy_to_huge_pages()?;
+        // Only an optimisation: a copy that fails (no memory for it) leaves the weights in the file's map.
+        let huge_pages = opts.device.is_cpu() && opts.huge_pages && g.copy_to_huge_pages().unwrap_or(false);
         let path = g.path().to_path_buf();
         let file_bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
         let arch = Arch::of(g)?;
