@@ -442,45 +442,51 @@ unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool,
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     for g in 0..groups {
+        let wg: [&WGroup; R] = std::array::from_fn(|r| &*w.add(r * w_stride + g));
+        let xg: [&XGroup; C] = std::array::from_fn(|c| &*x.add(c * x_stride + g));
         for h in 0..2 {
             let at = 8 * h;
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let wg = &*w.add(r * w_stride + g);
-                let mut u = [_mm256_setzero_si256(); 4];
-                for (u, src) in u.iter_mut().zip(&wg.u) {
-                    *u = _mm256_loadu_si256(src.as_ptr().add(at) as *const __m256i);
+            // The cells' integer sums as an outer product over the four byte quarters `j`: each step loads
+            // one weight vector per row and one activation vector per token, so only the sums stay in
+            // registers (loading every row's four and every token's four at once spilled to the stack).
+            // (No closures for the loads: they would not inherit the target features.)
+            let mut p = [[_mm256_setzero_si256(); C]; R];
+            let mut s = [[_mm256_setzero_si256(); C]; R];
+            for j in 0..4 {
+                let mut u = [_mm256_setzero_si256(); R];
+                for (u, wg) in u.iter_mut().zip(&wg) {
+                    *u = _mm256_loadu_si256(wg.u[j].as_ptr().add(at) as *const __m256i);
                 }
+                for (c, xg) in xg.iter().enumerate() {
+                    let q = _mm256_loadu_si256(xg.q[j].as_ptr().add(at) as *const __m256i);
+                    for (r, u) in u.iter().enumerate() {
+                        if VNNI {
+                            p[r][c] = _mm256_dpbusd_avx_epi32(p[r][c], *u, q);
+                        } else {
+                            s[r][c] = _mm256_add_epi16(s[r][c], _mm256_maddubs_epi16(*u, q));
+                        }
+                    }
+                }
+                // Pairs of `maddubs` always fit i16 (2 × 2 × 63 × 127 for Q6_K); all four only when SUM16.
+                if !VNNI && (j == 3 || (!SUM16 && j == 1)) {
+                    for (p, s) in p.iter_mut().zip(s.iter_mut()) {
+                        for (p, s) in p.iter_mut().zip(s.iter_mut()) {
+                            *p = _mm256_add_epi32(*p, _mm256_madd_epi16(*s, ones));
+                            *s = _mm256_setzero_si256();
+                        }
+                    }
+                }
+            }
+            for (r, wg) in wg.iter().enumerate() {
                 let d = _mm256_loadu_ps(wg.d.as_ptr().add(at));
                 let m = if MIN { _mm256_loadu_ps(wg.c.as_ptr().add(at)) } else { _mm256_setzero_ps() };
-                for (c, acc) in acc.iter_mut().enumerate() {
-                    let xg = &*x.add(c * x_stride + g);
-                    // (No closure for the loads: it would not inherit the target features.)
-                    let mut qv = [_mm256_setzero_si256(); 4];
-                    for (q, src) in qv.iter_mut().zip(&xg.q) {
-                        *q = _mm256_loadu_si256(src.as_ptr().add(at) as *const __m256i);
-                    }
-                    let mut p = _mm256_loadu_si256(xg.init.as_ptr().add(at) as *const __m256i);
-                    if VNNI {
-                        for (j, u) in u.iter().enumerate() {
-                            p = _mm256_dpbusd_avx_epi32(p, *u, qv[j]);
-                        }
-                    } else {
-                        // Pairs of `maddubs` always fit i16 (2 × 2 × 63 × 127 for Q6_K); all four only when SUM16.
-                        let s01 =
-                            _mm256_add_epi16(_mm256_maddubs_epi16(u[0], qv[0]), _mm256_maddubs_epi16(u[1], qv[1]));
-                        let s23 =
-                            _mm256_add_epi16(_mm256_maddubs_epi16(u[2], qv[2]), _mm256_maddubs_epi16(u[3], qv[3]));
-                        if SUM16 {
-                            p = _mm256_add_epi32(p, _mm256_madd_epi16(_mm256_add_epi16(s01, s23), ones));
-                        } else {
-                            p = _mm256_add_epi32(p, _mm256_madd_epi16(s01, ones));
-                            p = _mm256_add_epi32(p, _mm256_madd_epi16(s23, ones));
-                        }
-                    }
+                for (c, xg) in xg.iter().enumerate() {
+                    let start = _mm256_loadu_si256(xg.init.as_ptr().add(at) as *const __m256i);
+                    let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(p[r][c], start));
                     let scale = _mm256_mul_ps(d, _mm256_loadu_ps(xg.d.as_ptr().add(at)));
-                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, *acc);
+                    acc[r][c] = _mm256_fmadd_ps(sums, scale, acc[r][c]);
                     if MIN {
-                        *acc = _mm256_fmadd_ps(m, _mm256_loadu_ps(xg.s.as_ptr().add(at)), *acc);
+                        acc[r][c] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xg.s.as_ptr().add(at)), acc[r][c]);
                     }
                 }
             }
