@@ -126,8 +126,8 @@ impl Evidence {
     /// Whether a word of four letters or more occurs in a longer or shorter form ("chronological" for
     /// "chronologically").
     fn has_form_of(&self, w: &str) -> bool {
-        let alpha = |w: &str| w.len() >= 4 && w.chars().all(char::is_alphabetic);
-        alpha(w) && self.known.iter().any(|k| alpha(k) && (k.starts_with(w) || w.starts_with(k.as_str())))
+        let alpha = |w: &str| w.chars().all(char::is_alphabetic);
+        alpha(w) && self.known.iter().any(|k| alpha(k) && forms_of_one_word(k, w))
     }
 
     /// Whether `call`, proposed after `earlier` calls of the same decision, is a new item the request asked
@@ -183,13 +183,10 @@ impl Evidence {
             return false;
         }
         let before: Vec<String> = earlier.iter().flat_map(|e| name_words(&e.tool)).collect();
-        // Another form of a word, as `has_form_of` reads it: both of four letters or more.
-        let same_word =
-            |a: &str, b: &str| a == b || (a.len() >= 4 && b.len() >= 4 && (a.starts_with(b) || b.starts_with(a)));
         name_words(tool).iter().any(|w| {
             w.len() >= 4
                 && !GENERIC_ACTIONS.contains(&w.as_str())
-                && !before.iter().any(|b| same_word(b, w))
+                && !before.iter().any(|b| b == w || forms_of_one_word(b, w))
                 && (self.found(w) || self.has_form_of(w))
         })
     }
@@ -301,6 +298,12 @@ impl Evidence {
     fn is_written_number(&self, leaf: &Value) -> bool {
         leaf.as_f64().is_some_and(|x| self.numbers.iter().any(|&n| (x - n).abs() <= 1e-9 * n.abs().max(1.0)))
     }
+}
+
+/// Whether two words of four letters or more are forms of one word, one the start of the other
+/// ("chronological", "chronologically").
+fn forms_of_one_word(a: &str, b: &str) -> bool {
+    a.len() >= 4 && b.len() >= 4 && (a.starts_with(b) || b.starts_with(a))
 }
 
 /// Whether two scalars are the same value (numbers by value: 5000 and 5000.0).
