@@ -158,14 +158,15 @@ impl Transformer {
     /// Builds the network of an open GGUF file; `info().load_time` counts from `started`.
     pub fn load(g: &mut GgufFile, opts: &LoadOptions, started: Instant) -> Result<Self> {
         g.f32_reference = opts.f32_reference;
-        // Only an optimisation: a copy that fails (no memory for it) leaves the weights in the file's map.
-        let huge_pages = opts.device.is_cpu() && opts.huge_pages && g.copy_to_huge_pages().unwrap_or(false);
         let path = g.path().to_path_buf();
         let file_bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
         let arch = Arch::of(g)?;
         let file_ctx = g.usize_or(&format!("{}.context_length", arch.as_str()), 2048)?;
         let max_len = opts.max_context.unwrap_or(8192).min(file_ctx).max(1);
         let dev = &opts.device;
+        // After the checks that can refuse the file, before the layers take their tensors. Only an
+        // optimisation: a copy that fails (no memory for it) leaves the weights in the file's map.
+        let huge_pages = dev.is_cpu() && opts.huge_pages && g.copy_to_huge_pages().unwrap_or(false);
         let net: Box<dyn Network> = match arch {
             Arch::Llama => Box::new(llama::Llama::load(g, llama::Variant::Llama, max_len, dev)?),
             Arch::Qwen2 => Box::new(llama::Llama::load(g, llama::Variant::Qwen2, max_len, dev)?),
