@@ -38,7 +38,7 @@ FUNCTION_WORDS = set("a an the of in on at to for and or by with from is are be 
 
 
 class Evidence:
-    """The user and tool turns, as `Evidence` in src/agent/grounding.rs."""
+    """The user and tool turns, as `Evidence` in src/agent/grounding/."""
 
     def __init__(self, task):
         self.text = "\n".join(m["content"].lower() for m in task["messages"] if m["role"] in ("user", "tool"))

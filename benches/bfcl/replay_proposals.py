@@ -2,7 +2,7 @@
 """Replays proposed calls (`--propose-more-calls`, `AgentConfig::propose_more_calls`) offline.
 
 A proposal is the model continuing its reply with one more call after it chose to stop; the agent keeps it
-when it is a new item of the request (src/agent/grounding.rs, `is_new_requested_item`) and proposes again.
+when it is a new item of the request (src/agent/grounding/, `is_new_requested_item`) and proposes again.
 Under greedy decoding that continuation is the same text a run with a large more-calls bias produces, so
 one run with the more-calls bias high and abstention off:
 
@@ -15,7 +15,7 @@ calls with BFCL's checker, then prints the per-category accuracy of the defaults
 with them (abstention at `--abstain-below`, on the first call's grounding, after the proposals).
 
 The test replayed here is the rule's first version, with which it was set (words as written, the call as
-the model wrote it). The current rule in grounding.rs also judges the call as it will run (unstated
+the model wrote it). The current rule in src/agent/grounding/ also judges the call as it will run (unstated
 optional arguments left out), grounds new values leniently (as `Evidence::grounding`), and keeps a call to
 another tool that the request names by a word of its name; it was measured by live runs (README).
 
@@ -32,7 +32,7 @@ import tempfile
 
 
 def words(s):
-    """Runs of digits and runs of other alphanumerics, as `words` in grounding.rs."""
+    """Runs of digits and runs of other alphanumerics, as `words` in src/agent/grounding/reading.rs."""
     out, cur, kind = [], "", None
     for c in s + " ":
         k = "d" if c.isnumeric() else "l" if c.isalnum() else None
@@ -67,7 +67,7 @@ SCALES = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
 
 
 def written_numbers(text):
-    """`written_numbers` in grounding.rs: separators, percentages as fractions too, scale words."""
+    """`written_numbers` in src/agent/grounding/reading.rs: separators, percentages as fractions too, scale words."""
     out = []
     for m in NUMBER.finditer(text):
         x = float(m.group(1).replace(",", ""))
