@@ -8,7 +8,7 @@
 //!
 //! The file is memory-mapped: weights in the types reagent's own kernels read ([`MappedTensor`]) are used
 //! in place, so loading copies nothing and the weights count once in memory (as page cache), unless the
-//! file is first copied onto huge pages ([`GgufFile::copy_to_huge_pages`], opt-in); other tensors are
+//! file is first read onto huge pages ([`GgufFile::copy_to_huge_pages`], the CPU default); other tensors are
 //! copied into candle `QTensor`s from the map.
 
 use std::fs::File;
@@ -215,43 +215,59 @@ impl GgufFile {
         Ok(Self { path, content, map, f32_reference: false })
     }
 
-    /// Copies the file's bytes into anonymous memory that the kernel is asked to back with 2 MiB pages
+    /// Reads the file's bytes into anonymous memory that the kernel is asked to back with 2 MiB pages
     /// (Linux `MADV_HUGEPAGE`), and reads tensors from there from now on; says whether huge pages were
-    /// granted (the process's huge anonymous pages grew by at least half the file).
+    /// granted (the process's huge anonymous pages grew by at least half the file). Nothing is copied
+    /// where transparent huge pages are turned off (`never`) or the file's length has changed.
     ///
     /// Decoding streams every weight once a token. From the file's map, on 4 KiB pages, that is a TLB miss
     /// every 4 KiB, and the hardware prefetchers stop at each page's end: on the development machine (Zen 5,
-    /// a VM) the 1.5B decoded 3% to 26% faster from huge pages, by sitting. The copy costs the file's size in
-    /// private memory (the file's page cache can then be dropped) and the kernel's time to find and clear
-    /// the pages at load (1.3 s more for 1.1 GB there).
+    /// a VM) the 1.5B decoded 3% to 26% faster from huge pages, by sitting. The bytes come with `pread`, not
+    /// from the map: the map's pages are never touched, so the process holds the weights once (the page
+    /// cache it reads from can be dropped by the kernel) and no 4 KiB page faults are taken, and the reads
+    /// run on every core (finding and clearing the huge pages is most of the time).
     pub fn copy_to_huge_pages(&mut self) -> Result<bool> {
-        if !cfg!(target_os = "linux") {
-            return Ok(false);
-        }
-        let len = self.map.len();
-        let before = anon_huge_bytes();
-        let mut copy = memmap2::MmapMut::map_anon(len).map_err(|e| Error::io(&self.path, e))?;
         #[cfg(target_os = "linux")]
-        let _ = copy.advise(memmap2::Advice::HugePage);
-        // The page faults (finding and clearing pages) are most of the time: on every core.
-        let threads = std::thread::available_parallelism().map_or(1, usize::from).min(8);
-        let chunk = len.div_ceil(threads).next_multiple_of(2 << 20).max(1);
-        let failed: Vec<usize> = std::thread::scope(|s| {
-            let parts = copy.chunks_mut(chunk).zip(self.map.chunks(chunk)).enumerate();
-            let spawned: Vec<_> = parts
-                .map(|(i, (to, from))| {
-                    std::thread::Builder::new().spawn_scoped(s, move || to.copy_from_slice(from)).map_err(|_| i)
-                })
-                .collect();
-            spawned.into_iter().filter_map(|r| r.err()).collect()
-        });
-        // A part whose thread could not start is copied here.
-        for i in failed {
-            let range = i * chunk..len.min((i + 1) * chunk);
-            copy[range.clone()].copy_from_slice(&self.map[range]);
+        {
+            use std::os::unix::fs::FileExt;
+            // Transparent huge pages turned off system-wide: a copy would only cost memory.
+            let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+            if thp.contains("[never]") {
+                return Ok(false);
+            }
+            let len = self.map.len();
+            let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+            // The map is what was checked: a file since rewritten to another length is not read.
+            if file.metadata().map_err(|e| Error::io(&self.path, e))?.len() != len as u64 {
+                return Ok(false);
+            }
+            let before = anon_huge_bytes();
+            let mut copy = memmap2::MmapMut::map_anon(len).map_err(|e| Error::io(&self.path, e))?;
+            let _ = copy.advise(memmap2::Advice::HugePage);
+            let threads = std::thread::available_parallelism().map_or(1, usize::from).min(8);
+            let chunk = len.div_ceil(threads).next_multiple_of(2 << 20).max(1);
+            let read = |i: usize, to: &mut [u8]| file.read_exact_at(to, (i * chunk) as u64);
+            // `None`: a reader thread could not start (the file's map stays in use).
+            let results: Option<Vec<std::io::Result<()>>> = std::thread::scope(|s| {
+                let spawned: Vec<_> = copy
+                    .chunks_mut(chunk)
+                    .enumerate()
+                    .map(|(i, to)| std::thread::Builder::new().spawn_scoped(s, move || read(i, to)).ok())
+                    .collect();
+                spawned
+                    .into_iter()
+                    .map(|h| Some(h?.join().unwrap_or_else(|_| Err(std::io::Error::other("reader thread panicked")))))
+                    .collect()
+            });
+            let Some(results) = results else { return Ok(false) };
+            if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+                return Err(Error::io(&self.path, e));
+            }
+            self.map = Arc::new(copy.make_read_only().map_err(|e| Error::io(&self.path, e))?);
+            Ok(matches!((before, anon_huge_bytes()), (Some(b), Some(a)) if a >= b + len / 2))
         }
-        self.map = Arc::new(copy.make_read_only().map_err(|e| Error::io(&self.path, e))?);
-        Ok(matches!((before, anon_huge_bytes()), (Some(b), Some(a)) if a >= b + len / 2))
+        #[cfg(not(target_os = "linux"))]
+        Ok(false)
     }
 
     /// The file's path.
