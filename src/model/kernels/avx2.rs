@@ -431,8 +431,20 @@ pub(super) unsafe fn quantize_groups(x: &[f32], out: &mut [Q8Block], group: usiz
 /// i32); when the weights are at most 31 (`SUM16`: every type but Q6_K's 0..63 and Q8_0's 0..255), the
 /// four `maddubs` of a lane add up as i16 without overflow (4 × 2 × 31 × 127 < 2¹⁵) and take one `madd`.
 /// Q8_0 needs VNNI (`maddubs` of 255 × 127 pairs would saturate).
+///
+/// `KS`: the weights are Q4_K or Q5_K super-blocks packed with integer sub-block scales (see [`WGroup`]):
+/// the `madd` multiplies the i16 sums by each lane's scale instead of by 1, so the whole group is summed
+/// in i32 and takes one conversion and one FMA per tile cell (with the super-block's scale) rather than
+/// one per half and a scale per lane.
 #[inline(always)]
-unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool, const R: usize, const C: usize>(
+unsafe fn tile_groups_impl<
+    const VNNI: bool,
+    const SUM16: bool,
+    const MIN: bool,
+    const KS: bool,
+    const R: usize,
+    const C: usize,
+>(
     w: *const WGroup,
     w_stride: usize,
     x: *const XGroup,
@@ -444,13 +456,17 @@ unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool,
     for g in 0..groups {
         let wg: [&WGroup; R] = std::array::from_fn(|r| &*w.add(r * w_stride + g));
         let xg: [&XGroup; C] = std::array::from_fn(|c| &*x.add(c * x_stride + g));
+        // With integer scales the group's sums run on across both halves.
+        let mut p = [[_mm256_setzero_si256(); C]; R];
         for h in 0..2 {
             let at = 8 * h;
+            if !KS {
+                p = [[_mm256_setzero_si256(); C]; R];
+            }
             // The cells' integer sums as an outer product over the four byte quarters `j`: each step loads
             // one weight vector per row and one activation vector per token, so only the sums stay in
             // registers (loading every row's four and every token's four at once spilled to the stack).
             // (No closures for the loads: they would not inherit the target features.)
-            let mut p = [[_mm256_setzero_si256(); C]; R];
             let mut s = [[_mm256_setzero_si256(); C]; R];
             for j in 0..4 {
                 let mut u = [_mm256_setzero_si256(); R];
@@ -469,25 +485,38 @@ unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool,
                 }
                 // Pairs of `maddubs` always fit i16 (2 × 2 × 63 × 127 for Q6_K); all four only when SUM16.
                 if !VNNI && (j == 3 || (!SUM16 && j == 1)) {
-                    for (p, s) in p.iter_mut().zip(s.iter_mut()) {
+                    for (wg, (p, s)) in wg.iter().zip(p.iter_mut().zip(s.iter_mut())) {
+                        let k = if KS { _mm256_loadu_si256(wg.k.as_ptr().add(2 * at) as *const __m256i) } else { ones };
                         for (p, s) in p.iter_mut().zip(s.iter_mut()) {
-                            *p = _mm256_add_epi32(*p, _mm256_madd_epi16(*s, ones));
+                            *p = _mm256_add_epi32(*p, _mm256_madd_epi16(*s, k));
                             *s = _mm256_setzero_si256();
                         }
                     }
                 }
             }
             for (r, wg) in wg.iter().enumerate() {
-                let d = _mm256_loadu_ps(wg.d.as_ptr().add(at));
                 let m = if MIN { _mm256_loadu_ps(wg.c.as_ptr().add(at)) } else { _mm256_setzero_ps() };
                 for (c, xg) in xg.iter().enumerate() {
-                    let start = _mm256_loadu_si256(xg.init.as_ptr().add(at) as *const __m256i);
-                    let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(p[r][c], start));
-                    let scale = _mm256_mul_ps(d, _mm256_loadu_ps(xg.d.as_ptr().add(at)));
-                    acc[r][c] = _mm256_fmadd_ps(sums, scale, acc[r][c]);
+                    if !KS {
+                        let d = _mm256_loadu_ps(wg.d.as_ptr().add(at));
+                        let start = _mm256_loadu_si256(xg.init.as_ptr().add(at) as *const __m256i);
+                        let sums = _mm256_cvtepi32_ps(_mm256_add_epi32(p[r][c], start));
+                        let scale = _mm256_mul_ps(d, _mm256_loadu_ps(xg.d.as_ptr().add(at)));
+                        acc[r][c] = _mm256_fmadd_ps(sums, scale, acc[r][c]);
+                    }
                     if MIN {
                         acc[r][c] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xg.s.as_ptr().add(at)), acc[r][c]);
                     }
+                }
+            }
+        }
+        if KS {
+            // One scale for the group: the super-block's (every lane of `d`) times the token's.
+            for (r, wg) in wg.iter().enumerate() {
+                let d = _mm256_loadu_ps(wg.d.as_ptr());
+                for (c, xg) in xg.iter().enumerate() {
+                    let scale = _mm256_mul_ps(d, _mm256_loadu_ps(xg.d.as_ptr()));
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p[r][c]), scale, acc[r][c]);
                 }
             }
         }
@@ -503,14 +532,14 @@ unsafe fn tile_groups_impl<const VNNI: bool, const SUM16: bool, const MIN: bool,
 
 /// [`tile_groups_impl`] on AVX2 (`maddubs`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn tile_groups<const SUM16: bool, const MIN: bool, const R: usize, const C: usize>(
+pub(super) unsafe fn tile_groups<const SUM16: bool, const MIN: bool, const KS: bool, const R: usize, const C: usize>(
     w: *const WGroup,
     w_stride: usize,
     x: *const XGroup,
     x_stride: usize,
     groups: usize,
 ) -> [[f32; C]; R] {
-    tile_groups_impl::<false, SUM16, MIN, R, C>(w, w_stride, x, x_stride, groups)
+    tile_groups_impl::<false, SUM16, MIN, KS, R, C>(w, w_stride, x, x_stride, groups)
 }
 
 /// [`tile_groups_impl`] on AVX-VNNI.
@@ -522,7 +551,7 @@ pub(super) unsafe fn tile_groups_vnni<const MIN: bool, const R: usize, const C: 
     x_stride: usize,
     groups: usize,
 ) -> [[f32; C]; R] {
-    tile_groups_impl::<true, false, MIN, R, C>(w, w_stride, x, x_stride, groups)
+    tile_groups_impl::<true, false, MIN, false, R, C>(w, w_stride, x, x_stride, groups)
 }
 
 /// The unsigned bytes of block `i` of a row of type `T` (a 32-element block, or a K-quant's sub-block), as
@@ -598,7 +627,45 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
     }
 }
 
-/// [`pack_weight_groups_impl`] for a type known at run time.
+/// Packs rows of Q4_K or Q5_K super-blocks (type `T`) with integer sub-block scales for [`tile_groups`]'s `KS`
+/// (see [`WGroup`]), one group per super-block, the scales decoded once per super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_weight_supers_int<const T: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    supers: usize,
+    out: &mut Vec<WGroup>,
+) {
+    let bb = block_bytes(T);
+    out.clear();
+    out.resize(rows * supers, WGroup::ZERO);
+    let mut words = [0u32; 8];
+    for r in 0..rows {
+        let row = w[r * row_bytes..(r + 1) * row_bytes].as_ptr();
+        for sb in 0..supers {
+            let b = row.add(sb * bb);
+            let g = &mut out[r * supers + sb];
+            for s in 0..8 {
+                _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, unsigned_block::<T>(row, 8 * sb + s));
+                g.set_block(s, &words, [0.0; 2], 0.0);
+            }
+            // Each lane's integer scale and minimum, and the super-block's scale.
+            let (d, dmin) = (f16(b), f16(b.add(2)));
+            let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+            let lanes: [(i16, f32); 16] = std::array::from_fn(|l| (sc[l / 2] as i16, -dmin * mn[l / 2] as f32));
+            for (l, (k, c)) in lanes.into_iter().enumerate() {
+                g.k[2 * l] = k;
+                g.k[2 * l + 1] = k;
+                g.c[l] = c;
+                g.d[l] = d;
+            }
+        }
+    }
+}
+
+/// [`pack_weight_groups_impl`] for a type known at run time; with `int_scales`, Q4_K and Q5_K as
+/// [`pack_weight_supers_int`] does (for the AVX2 tile's `KS`).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `w` holds `rows` rows of `row_bytes` bytes (`blocks` blocks).
@@ -608,13 +675,17 @@ pub(super) unsafe fn pack_weight_groups(
     row_bytes: usize,
     rows: usize,
     blocks: usize,
+    int_scales: bool,
     out: &mut Vec<WGroup>,
 ) {
+    let supers = blocks / 8;
     match code(t) {
         Q4_0 => pack_weight_groups_impl::<Q4_0>(t, w, row_bytes, rows, blocks, out),
         Q4_1 => pack_weight_groups_impl::<Q4_1>(t, w, row_bytes, rows, blocks, out),
         Q5_0 => pack_weight_groups_impl::<Q5_0>(t, w, row_bytes, rows, blocks, out),
         Q8_0 => pack_weight_groups_impl::<Q8_0>(t, w, row_bytes, rows, blocks, out),
+        Q4K if int_scales => pack_weight_supers_int::<Q4K>(w, row_bytes, rows, supers, out),
+        Q5K if int_scales => pack_weight_supers_int::<Q5K>(w, row_bytes, rows, supers, out),
         Q4K => pack_weight_groups_impl::<Q4K>(t, w, row_bytes, rows, blocks, out),
         Q5K => pack_weight_groups_impl::<Q5K>(t, w, row_bytes, rows, blocks, out),
         _ => pack_weight_groups_impl::<Q6K>(t, w, row_bytes, rows, blocks, out),

@@ -380,16 +380,22 @@ pub(super) fn detected() -> bool {
 /// `vpdpbusd` leave each lane with the sum over one half-block and a whole group costs one conversion to
 /// f32 per tile cell (instead of one per pair of blocks); `d` and `c` hold each block's scale and Q4_1's
 /// minimum in the block's two lanes. Blocks past the row's end are zero.
+///
+/// The AVX2 tier packs Q4_K and Q5_K super-blocks with integer sub-block scales instead
+/// (`avx2::pack_weight_groups` with `int_scales`): `k` holds each lane's 6-bit scale twice (as the two
+/// 16-bit halves of the lane, for `madd`), `d` the super-block's scale in every lane, and `c` the minimum
+/// as above.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct WGroup {
     pub(super) u: [[u32; 16]; 4],
     pub(super) d: [f32; 16],
     pub(super) c: [f32; 16],
+    pub(super) k: [i16; 32],
 }
 
 impl WGroup {
-    pub(crate) const ZERO: WGroup = WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16] };
+    pub(crate) const ZERO: WGroup = WGroup { u: [[0; 16]; 4], d: [0.0; 16], c: [0.0; 16], k: [0; 32] };
 
     /// Puts block `b` (0..8) in its two lanes: its 32 unsigned bytes as 8 little-endian words (word `i`
     /// holds elements `4i .. 4i + 4`), the scales of its two 16-element halves, and its minimum.
@@ -408,7 +414,7 @@ impl WGroup {
 /// The matching eight blocks of one token's activations: `q` interleaved as the weights; `init` the
 /// offset types' correction as each lane's starting value (−offset × the lane's 16 activations' sum, so
 /// the lane ends with `Σ (u − offset)·qx`); `d` each block's scale in its two lanes; `s` = `d·Σ qx` in the
-/// block's first lane (for Q4_1's minimum).
+/// block's first lane (for the minimums).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct XGroup {

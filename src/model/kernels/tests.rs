@@ -221,20 +221,32 @@ fn simd_and_portable_weight_packing_agree() {
         let t = BlockType::of(ty).unwrap();
         let (n, k) = (5, if t.block_elems() == QK { 96 } else { 512 });
         let (w, _) = matrix(ty, n, k, 17);
-        let (mut simd, mut simd2, mut portable) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut simd, mut simd2, mut ints, mut portable) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         // SAFETY: AVX-512 (and so AVX2) is present (the build machine has it, and the tests run where they are
         // built); `w` holds `n` rows.
         unsafe {
             avx512::pack_weight_groups(avx2::code(t), w.as_ptr(), w.len() / n, n, k / QK, &mut simd);
-            avx2::pack_weight_groups(t, &w, w.len() / n, n, k / QK, &mut simd2);
+            avx2::pack_weight_groups(t, &w, w.len() / n, n, k / QK, false, &mut simd2);
+            avx2::pack_weight_groups(t, &w, w.len() / n, n, k / QK, true, &mut ints);
         }
         avx512::pack_weight_groups_portable(t, &w, w.len() / n, n, k / QK, &mut portable);
         let min = t.has_minimum();
-        for (i, ((a, a2), b)) in simd.iter().zip(&simd2).zip(&portable).enumerate() {
+        for (i, (((a, a2), b), int)) in simd.iter().zip(&simd2).zip(&portable).zip(&ints).enumerate() {
             assert_eq!((a.u, a.d), (b.u, b.d), "{ty:?} group {i}");
             assert_eq!((a2.u, a2.d, a2.c), (b.u, b.d, b.c), "{ty:?} group {i} (AVX2 packer)");
             if min {
                 assert_eq!(a.c, b.c, "{ty:?} group {i}");
+            }
+            if !matches!(t, BlockType::Q4K | BlockType::Q5K) {
+                assert_eq!((int.u, int.d, int.c), (b.u, b.d, b.c), "{ty:?} group {i} (AVX2 packer, float scales)");
+                continue;
+            }
+            // Integer sub-block scales: the super-block's scale times each lane's is the portable lane scale,
+            // and both 16-bit halves of a lane hold it.
+            assert_eq!((int.u, int.c), (b.u, b.c), "{ty:?} group {i} (integer scales)");
+            for l in 0..16 {
+                assert_eq!(int.d[l] * int.k[2 * l] as f32, b.d[l], "{ty:?} group {i} lane {l}");
+                assert_eq!(int.k[2 * l], int.k[2 * l + 1], "{ty:?} group {i} lane {l}");
             }
         }
     }
