@@ -21,8 +21,8 @@ use crate::tools::ToolCall;
 mod reading;
 
 use reading::{
-    leaf_text, leaf_words, leaves, name_words, words, written_numbers, FUNCTION_WORDS, GENERIC_ACTIONS, MONTHS,
-    NUMBER_WORDS,
+    leaf_text, leaf_words, leaves, name_words, words, written_numbers, CURRENCIES, FUNCTION_WORDS, GENERIC_ACTIONS,
+    MONTHS, NUMBER_WORDS,
 };
 
 /// What the user and tool turns of a conversation say: their text (lower case), its words, and the numbers
@@ -37,6 +37,8 @@ pub struct Evidence {
     months: Vec<f64>,
     /// The initials of each run of two or three capitalised words ("New York" → "ny").
     initials: HashSet<String>,
+    /// The ISO codes of the currencies the turns name ("yen" → "jpy"; "$" → "usd").
+    currencies: HashSet<&'static str>,
 }
 
 impl Evidence {
@@ -62,7 +64,15 @@ impl Evidence {
                 }
             }
         }
-        Self { text, known, numbers, named_numbers, months, initials }
+        let mut currencies: HashSet<&str> = CURRENCIES
+            .iter()
+            .filter(|(_, names)| names.iter().any(|words| words.iter().all(|w| known.contains(*w))))
+            .map(|&(code, _)| code)
+            .collect();
+        if text.contains('$') {
+            currencies.insert("usd");
+        }
+        Self { text, known, numbers, named_numbers, months, initials, currencies }
     }
 
     /// The share of `call`'s argument values found in the user and tool turns, averaged over the values:
@@ -70,7 +80,8 @@ impl Evidence {
     /// words ("zero", "twice"); other values the fraction of their words (alphanumeric runs) that the turns
     /// give, leniently: as written, as a longer or shorter form ("strengths" for "strength"), a run of
     /// digits as a number written or named there ("2022-03-07" from "March 7, 2022"), a word in capitals
-    /// as the initials or the start of words there ("NY" from "New York", "EUR" from "euros").
+    /// as the initials or the start of words there ("NY" from "New York", "EUR" from "euros") or as the code
+    /// of a currency named there ("JPY" from "Japanese yen").
     /// Booleans, nulls and empty strings carry no evidence and are skipped; `None` when nothing is left (a
     /// call without arguments is as grounded as its request).
     pub fn grounding(&self, call: &ToolCall) -> Option<f32> {
@@ -119,6 +130,7 @@ impl Evidence {
         let capitals = (2..=4).contains(&word.len()) && word.chars().all(|c| c.is_ascii_uppercase());
         capitals
             && (self.initials.contains(&w)
+                || self.currencies.contains(w.as_str())
                 || self
                     .known
                     .iter()
@@ -202,7 +214,8 @@ impl Evidence {
     /// the user and tool turns do not state, and says whether it left any out.
     ///
     /// A value is stated, leniently, when each of its scalars has a word that occurs in the turns (also as a
-    /// longer or shorter form of a word: "chronological" for "chronologically"), other than a function word
+    /// longer or shorter form of a word: "chronological" for "chronologically"; a currency's code for its
+    /// name: "JPY" for "yen"), other than a function word
     /// ("the" does not state "The Great Gatsby"), or is a number written there (with separators, as a
     /// percentage, or in words: "three", "twice"). A boolean carries no evidence of its own: it is kept when
     /// it is the parameter's default or the turns name the parameter (a word of its name, or one sharing its
@@ -280,7 +293,7 @@ impl Evidence {
         let content: Vec<&String> = words.iter().filter(|w| !FUNCTION_WORDS.contains(&w.as_str())).collect();
         // A value made only of function words ("to be") is judged by them.
         let judged = if content.is_empty() { words.iter().collect() } else { content };
-        judged.iter().any(|w| self.found(w) || self.has_form_of(w))
+        judged.iter().any(|w| self.found(w) || self.has_form_of(w) || self.currencies.contains(w.as_str()))
     }
 
     /// Whether a word occurs in the text (see [`Self::words_found`]).
@@ -388,6 +401,22 @@ mod tests {
         );
         // Not lower-case abbreviations, capitals that start no word, other dates, short words' forms.
         assert_eq!(g(json!({"a": "ny", "b": "TX", "c": "2024-04-07", "d": "mar"})), Some(2.0 / 12.0));
+    }
+
+    #[test]
+    fn a_currency_named_grounds_its_code() {
+        let g = |text: &str, args| Evidence::of(&[ChatMessage::user(text)]).grounding(&call(args));
+        let codes = json!({"from": "USD", "to": "JPY"});
+        assert_eq!(g("Convert 5000 US dollars into Japanese Yen", codes.clone()), Some(1.0));
+        assert_eq!(g("How many yen is $20?", codes.clone()), Some(1.0));
+        // Another currency, or a name that is also a common word without its country, is not the code.
+        assert_eq!(g("Convert 5000 pesos into euros", codes), Some(0.0));
+        assert_eq!(g("Who won the game?", json!({"c": "KRW"})), Some(0.0));
+        assert_eq!(g("Send 10 Korean won", json!({"c": "KRW"})), Some(1.0));
+        // A later call with a code is as stated as one with the currency's name.
+        let ev = Evidence::of(&[ChatMessage::user("Weigh 75 kg on Mars, then convert 5000 US dollars to yen")]);
+        let mut calls = vec![call(json!({"kg": 75})), call(json!({"amount": 5000, "from": "USD", "to": "JPY"}))];
+        assert!(!ev.drop_unstated_calls(&mut calls));
     }
 
     #[test]

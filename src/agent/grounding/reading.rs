@@ -54,6 +54,32 @@ pub(super) const MONTHS: [(&str, f64); 12] = [
     ("december", 12.0),
 ];
 
+/// Currencies by ISO 4217 code, each with the words that name it (all words of one alternative present):
+/// a code a request never writes is still the user's when the request names the currency ("US dollars" →
+/// `USD`, "Japanese yen" → `JPY`). Codes whose names are common words ("won", "real") need their country.
+pub(super) const CURRENCIES: [(&str, &[&[&str]]); 20] = [
+    ("usd", &[&["dollar"], &["dollars"], &["usd"]]),
+    ("eur", &[&["euro"], &["euros"]]),
+    ("jpy", &[&["yen"]]),
+    ("gbp", &[&["pound", "sterling"], &["pounds"], &["british", "pound"], &["gbp"]]),
+    ("cny", &[&["yuan"], &["renminbi"], &["rmb"]]),
+    ("inr", &[&["rupee"], &["rupees"]]),
+    ("chf", &[&["franc"], &["francs"]]),
+    ("cad", &[&["canadian", "dollar"], &["canadian", "dollars"]]),
+    ("aud", &[&["australian", "dollar"], &["australian", "dollars"]]),
+    ("nzd", &[&["zealand", "dollar"], &["zealand", "dollars"]]),
+    ("hkd", &[&["hong", "kong", "dollar"], &["hong", "kong", "dollars"]]),
+    ("sgd", &[&["singapore", "dollar"], &["singapore", "dollars"]]),
+    ("krw", &[&["korean", "won"]]),
+    ("mxn", &[&["peso"], &["pesos"]]),
+    ("brl", &[&["brazilian", "real"], &["brazilian", "reais"], &["reais"]]),
+    ("rub", &[&["ruble"], &["rubles"], &["rouble"], &["roubles"]]),
+    ("sek", &[&["swedish", "krona"], &["swedish", "kronor"]]),
+    ("nok", &[&["norwegian", "krone"], &["norwegian", "kroner"]]),
+    ("zar", &[&["rand"]]),
+    ("try", &[&["lira"], &["turkish", "lira"]]),
+];
+
 /// Words that scale the number before them.
 const SCALE_WORDS: [(&str, f64); 4] = [("thousand", 1e3), ("million", 1e6), ("billion", 1e9), ("trillion", 1e12)];
 
