@@ -478,6 +478,8 @@ fn task_config(opts: &EvalOptions, no_tools: bool) -> AgentConfig {
         // Only whether the first decision calls, and what, is recorded: a native answer's text is not
         // needed past its first tokens (its first token already made the choice).
         config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(16);
+        // Nor is its arithmetic checked: the answer is cut.
+        config.check_arithmetic = false;
     }
     if no_tools && config.tool_choice == ToolChoice::Auto {
         config.tool_choice = ToolChoice::None;
@@ -598,5 +600,11 @@ impl Tool for Rebound {
     }
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
         self.inner.call(args)
+    }
+    fn validate(&self, args: &Value) -> std::result::Result<(), String> {
+        self.inner.validate(args)
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
     }
 }

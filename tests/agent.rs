@@ -25,6 +25,7 @@ fn calc() -> impl reagent::Tool {
         Ok(n(x)? + n(y)?)
     })
     .unwrap()
+    .read_only()
 }
 
 fn tool(name: &str, f: impl Fn(&Value) -> Result<Value, ToolError> + Send + Sync + 'static) -> impl reagent::Tool {
@@ -641,6 +642,112 @@ fn a_first_call_with_made_up_values_becomes_an_answer() {
         .unwrap();
     let t = a.run("What is 2+3?").unwrap();
     assert_eq!((t.steps[0].calls.len(), t.steps[0].grounding), (1, Some(1.0)));
+}
+
+/// A final answer whose arithmetic is wrong is a validation failure with the right result, retried; the
+/// last attempt's answer stands, and with the check off the first does.
+#[test]
+fn an_answer_with_wrong_arithmetic_is_asked_again_with_the_right_result() {
+    let script = || {
+        vec![
+            call("calc", json!({"expression": "12+7"})).into(),
+            answer("12 + 7 + 30 + 41 = 120").into(),
+            answer("12 + 7 + 30 + 41 = 90").into(),
+        ]
+    };
+    let (mut a, ev) = agent(script(), AgentConfig::default());
+    let t = a.run("Sum 12, 7, 30 and 41").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("12 + 7 + 30 + 41 = 90"));
+    let error = ev.lock().unwrap().iter().find_map(|e| match e {
+        AgentEvent::ValidationFailed { error, .. } => Some(error.clone()),
+        _ => None,
+    });
+    assert_eq!(error.as_deref(), Some("the answer's arithmetic is wrong: 12 + 7 + 30 + 41 is 90, not 120"));
+
+    let (mut a, _) = agent(script(), AgentConfig { check_arithmetic: false, ..AgentConfig::default() });
+    assert_eq!(a.run("Sum 12, 7, 30 and 41").unwrap().final_answer.as_deref(), Some("12 + 7 + 30 + 41 = 120"));
+
+    // No retries left: the answer stands.
+    let (mut a, _) = agent(script(), AgentConfig { max_retries: 0, ..AgentConfig::default() });
+    assert_eq!(a.run("Sum 12, 7, 30 and 41").unwrap().final_answer.as_deref(), Some("12 + 7 + 30 + 41 = 120"));
+
+    // An equation the user wrote is theirs, not a slip.
+    let (mut a, _) = agent(vec![answer("No: 7 + 8 = 16 is wrong, it is 15.").into()], AgentConfig::default());
+    let t = a.run("Is 7 + 8 = 16 right?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("No: 7 + 8 = 16 is wrong, it is 15."));
+}
+
+/// Where the settings make the first decision a call, the attempt after a slip must call too (an answer
+/// there fails), and a slip is sent back once a run: written again, it stands, so the run still answers.
+#[test]
+fn after_a_slip_the_retry_calls_and_a_slip_is_sent_back_once() {
+    let config = AgentConfig { first_decision_calls: true, ..AgentConfig::default() };
+    let (mut a, ev) = agent(
+        vec![
+            call("calc", json!({"expression": "12+7"})).into(),
+            answer("12 + 7 + 30 + 41 = 120").into(),
+            answer("90").into(),
+            call("calc", json!({"expression": "19+71"})).into(),
+            answer("12 + 7 + 30 + 41 = 120").into(),
+        ],
+        config,
+    );
+    let t = a.run("Sum 12, 7, 30 and 41").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("12 + 7 + 30 + 41 = 120"));
+    assert_eq!(t.steps.len(), 3);
+    assert_eq!(t.steps[1].calls[0].call.args, json!({"expression": "19+71"}));
+    assert_eq!(t.steps[1].retries, 2);
+    let failures = kinds(&ev).iter().filter(|k| *k == "validation_failed").count();
+    assert_eq!(failures, 2);
+}
+
+/// Going back to a call made before the previous one (read, compute, read again) is refused with the
+/// result already known, and the run must answer; a call that failed may be made again.
+#[test]
+fn a_cycle_of_calls_is_refused_with_the_known_result() {
+    let (mut a, ev) = agent(
+        vec![
+            call("calc", json!({"expression": "2+3"})).into(),
+            call("calc", json!({"expression": "4+5"})).into(),
+            call("calc", json!({"expression": "2+3"})).into(),
+            answer("5 and 9").into(),
+        ],
+        AgentConfig::default(),
+    );
+    let t = a.run("2+3 and 4+5?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("5 and 9"));
+    assert_eq!(t.steps[2].calls[0].outcome, CallOutcome::Repeated { output: "5".into(), times: 1 });
+    assert!(kinds(&ev).contains(&"tool_call_blocked".to_string()));
+
+    let (mut a, _) = agent(
+        vec![
+            call("fails", json!({})).into(),
+            call("calc", json!({"expression": "4+5"})).into(),
+            call("fails", json!({})).into(),
+            answer("done").into(),
+        ],
+        AgentConfig::default(),
+    );
+    let t = a.run("try again").unwrap();
+    assert!(matches!(t.steps[2].calls[0].outcome, CallOutcome::Error { .. }), "{:?}", t.steps[2].calls[0].outcome);
+
+    // A tool that is not read-only in between (it may have changed what the call reads), or a call of a
+    // tool that is not read-only: the call runs again.
+    for (between, again) in [("leaks", "calc"), ("calc", "leaks")] {
+        let first = if again == "calc" { json!({"expression": "2+3"}) } else { json!({}) };
+        let other = if between == "calc" { json!({"expression": "4+5"}) } else { json!({}) };
+        let (mut a, _) = agent(
+            vec![
+                call(again, first.clone()).into(),
+                call(between, other).into(),
+                call(again, first).into(),
+                answer("done").into(),
+            ],
+            AgentConfig::default(),
+        );
+        let t = a.run("again").unwrap();
+        assert!(matches!(t.steps[2].calls[0].outcome, CallOutcome::Ok { .. }), "{:?}", t.steps[2].calls[0].outcome);
+    }
 }
 
 #[test]

@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod arithmetic;
 pub mod decision;
 pub mod driver;
 pub mod events;
@@ -94,6 +95,11 @@ pub struct AgentConfig {
     /// ([`drop_unstated_calls`](grounding::Evidence::drop_unstated_calls)); the model, pushed to make one more call
     /// (`more_calls` bias), otherwise adds calls the request does not ask for.
     pub drop_unstated_calls: bool,
+    /// Recompute the arithmetic a decision's answer or thought writes (`12 + 7 + 30 + 41 = 120`) and, where
+    /// a result is wrong, ask again with the right one ([`arithmetic::slips`]), while retries are left. Small
+    /// models sum numbers they have read in their head instead of calling the calculator, and commit to a
+    /// made-up result in the thought before the call.
+    pub check_arithmetic: bool,
 }
 
 impl Default for AgentConfig {
@@ -116,6 +122,7 @@ impl Default for AgentConfig {
             propose_more_calls: false,
             drop_unstated_options: false,
             drop_unstated_calls: false,
+            check_arithmetic: true,
         }
     }
 }

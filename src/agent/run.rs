@@ -9,7 +9,7 @@ use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{self, DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, CallRecord, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
-use super::{native, Agent, AgentConfig};
+use super::{arithmetic, native, Agent, AgentConfig};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
@@ -35,13 +35,30 @@ struct Decided {
 struct RunState {
     steps: Vec<Step>,
     stats: RunStats,
-    /// Calls made so far with their outcomes, to refuse repeats.
+    /// The latest run of identical calls with their outcomes, to refuse repeats.
     recent: Vec<(ToolCall, CallOutcome)>,
+    /// Every call executed, as asked, with its outcome: to refuse a cycle (A, B, A).
+    history: Vec<(ToolCall, CallOutcome)>,
     /// A repeated call was refused: an `auto` run must answer now.
     force_answer: bool,
     /// The previous step's call failed (and the step before was not already forced by a failure).
     after_error: bool,
+    /// The equations already sent back as arithmetic slips: each is sent back once a run, so a model that
+    /// writes it again (or a slip that is none) cannot keep a run from answering.
+    flagged_slips: Vec<String>,
 }
+
+/// How a step's attempts check the arithmetic a decision writes ([`AgentConfig::check_arithmetic`]).
+struct SlipCheck<'a> {
+    /// The grammar of the attempt after a slip: calls only, where the settings have one (a small model
+    /// told the right sum still writes its own, but computes it when made to call).
+    grammar: Option<&'a StepGrammar>,
+    /// The run's [`RunState::flagged_slips`].
+    flagged: &'a mut Vec<String>,
+}
+
+/// How many calls before the previous one a call is compared with, to refuse a cycle.
+const CYCLE_WINDOW: usize = 2;
 
 /// The grammars a step chooses from.
 struct StepGrammars {
@@ -168,7 +185,10 @@ impl Agent {
         let forced_call = (run.steps.is_empty() && self.config.first_decision_calls) || run.after_error;
         let grammar = grammars.pick(forced_call, run.force_answer);
         let forced_after_error = std::mem::take(&mut run.after_error);
-        let mut decided = match self.attempt(step_no, messages, grammar, tools, &mut run.stats)? {
+        // A step that must answer is not asked to call after a slip.
+        let slips = (self.config.check_arithmetic && !run.force_answer)
+            .then_some(SlipCheck { grammar: grammars.call_only.as_ref(), flagged: &mut run.flagged_slips });
+        let mut decided = match self.attempt(step_no, messages, grammar, slips, tools, &mut run.stats)? {
             Attempt::Decided(d) => d,
             Attempt::Stop(s) => return Ok(Some(s)),
         };
@@ -189,7 +209,7 @@ impl Agent {
                 let calls = decided.decision.calls();
                 self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold });
                 self.driver.rollback();
-                match self.attempt(step_no, messages, &grammars.answer_only, tools, &mut run.stats)? {
+                match self.attempt(step_no, messages, &grammars.answer_only, None, tools, &mut run.stats)? {
                     Attempt::Decided(answer) => decided = merge_redecided(decided, answer),
                     Attempt::Stop(s) => return Ok(Some(s)),
                 }
@@ -303,7 +323,7 @@ impl Agent {
         forced_after_error: bool,
     ) {
         for call in decision.calls() {
-            let (call, outcome) = self.call(step_no, call, &mut run.recent);
+            let (call, outcome) = self.call(step_no, call, &mut run.recent, &mut run.history);
             if matches!(outcome, CallOutcome::Repeated { .. }) {
                 run.force_answer = self.config.tool_choice == ToolChoice::Auto;
             }
@@ -354,14 +374,22 @@ impl Agent {
         step: usize,
         messages: &mut [ChatMessage],
         schema: &StepGrammar,
+        mut slips: Option<SlipCheck>,
         tools: Option<&Value>,
         stats: &mut RunStats,
     ) -> Result<Attempt> {
         let mut feedback: Option<String> = None;
         let mut last_error = String::new();
+        // After an arithmetic slip the retry calls a tool where the settings have a call-only grammar
+        // (`SlipCheck::grammar`), and decodes as the first attempt did (greedy stays greedy).
+        let mut after_slip = false;
         for attempt in 0..=self.config.max_retries {
             self.emit(AgentEvent::StepStarted { step, attempt });
             // The failed output is not kept; the retry sees the conversation plus what was wrong.
+            let step_grammar = match (after_slip, slips.as_ref().and_then(|s| s.grammar)) {
+                (true, Some(g)) => g,
+                _ => schema,
+            };
             let mut request_messages = messages.to_vec();
             if let Some(f) = &feedback {
                 request_messages.push(ChatMessage::user(f.clone()));
@@ -371,12 +399,12 @@ impl Agent {
             }
             let req = DecisionRequest {
                 messages: &request_messages,
-                grammar: &schema.grammar,
+                grammar: &step_grammar.grammar,
                 tools,
                 format: self.config.format,
                 biases: self.config.branch_biases,
                 max_tokens: self.config.max_decision_tokens,
-                attempt,
+                attempt: if after_slip { 0 } else { attempt },
             };
             let out = match self.driver.decide(&req) {
                 Ok(o) => o,
@@ -391,7 +419,18 @@ impl Agent {
             if let Some(budget) = self.config.token_budget.filter(|&b| stats.generated_tokens > b) {
                 return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
             }
-            let error = match self.check(&out, schema) {
+            let last = attempt >= self.config.max_retries;
+            let checked = self.check(&out, step_grammar).and_then(|d| match slips.as_mut() {
+                // The last attempt's answer stands as it is, and so does one cut off by the token limit (its
+                // last number may be cut).
+                Some(check) if !last && out.complete => match arithmetic_slips(&d, messages, check.flagged) {
+                    Some(failure) => Err(failure),
+                    None => Ok(d),
+                },
+                _ => Ok(d),
+            });
+            after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
+            let error = match checked {
                 Ok(decision) => {
                     let (decision, cut) = decision.until_repeated_call();
                     let text = self.kept_text(&out.text, &decision, cut)?;
@@ -426,7 +465,7 @@ impl Agent {
                 });
                 error
             }
-            Failure::Validation(error, decision) => {
+            Failure::Validation(error, decision) | Failure::Arithmetic(error, decision) => {
                 self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
                 error
             }
@@ -526,16 +565,26 @@ impl Agent {
         })
     }
 
-    /// Executes one call, unless it repeats the previous ones too often. Returns the call as made
-    /// (interceptors may change it) and its outcome.
+    /// Executes one call, unless it repeats the previous ones too often, or goes back to a call made
+    /// just before the previous one (a cycle: read, compute, read again; within [`CYCLE_WINDOW`] calls)
+    /// that succeeded: its result is known. Returns the call as made (interceptors may change it) and its
+    /// outcome.
     fn call(
         &mut self,
         step: usize,
         call: ToolCall,
         recent: &mut Vec<(ToolCall, CallOutcome)>,
+        history: &mut Vec<(ToolCall, CallOutcome)>,
     ) -> (ToolCall, CallOutcome) {
         if recent.last().is_some_and(|(c, _)| c != &call) {
             recent.clear();
+        }
+        let cycle = self.goes_back(&call, history);
+        if let Some(earlier) = cycle {
+            let outcome = CallOutcome::Repeated { output: earlier.observation(), times: 1 };
+            let reason = "goes back to a call made before the previous one (its result is known)".to_string();
+            self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason });
+            return (call, outcome);
         }
         if recent.len() + 1 >= self.config.repeat_limit.max(1) {
             if let Some((_, first)) = recent.first() {
@@ -566,8 +615,26 @@ impl Agent {
                 seconds: t.elapsed().as_secs_f64(),
             }),
         }
-        recent.push((asked, outcome.clone()));
+        recent.push((asked.clone(), outcome.clone()));
+        history.push((asked, outcome.clone()));
         (call, outcome)
+    }
+
+    /// The earlier outcome of `call` when it goes back to a successful call made two or three calls before
+    /// (within [`CYCLE_WINDOW`] before the previous one), of a [read-only](crate::tools::Tool::read_only)
+    /// tool, with only read-only tools called since: its result is known.
+    fn goes_back<'h>(&self, call: &ToolCall, history: &'h [(ToolCall, CallOutcome)]) -> Option<&'h CallOutcome> {
+        let read_only = |c: &ToolCall| self.executor.tools().get(&c.tool).is_some_and(|t| t.read_only());
+        if history.last().is_none_or(|(last, _)| last == call) || !read_only(call) {
+            return None;
+        }
+        for (i, (earlier, outcome)) in history.iter().enumerate().rev().skip(1).take(CYCLE_WINDOW) {
+            if earlier == call {
+                let pure_since = history[i + 1..].iter().all(|(c, _)| read_only(c));
+                return (pure_since && matches!(outcome, CallOutcome::Ok { .. })).then_some(outcome);
+            }
+        }
+        None
     }
 
     /// Makes the request fit the context with room for a decision: shortens the oldest observations
@@ -641,6 +708,39 @@ struct Turns<'a> {
 enum Failure {
     Extraction(String),
     Validation(String, Value),
+    /// A valid decision whose answer or thought writes wrong arithmetic (reported as a validation failure).
+    Arithmetic(String, Value),
+}
+
+/// A decision whose answer or thought writes wrong arithmetic ([`arithmetic::slips`]), as a failure that
+/// gives the right results. Equations the conversation's user turns write (a user asking whether
+/// `7 × 8 = 54`) and those already sent back this run (`flagged`, where the new ones are added) are not
+/// slips.
+fn arithmetic_slips(decision: &Decision, messages: &[ChatMessage], flagged: &mut Vec<String>) -> Option<Failure> {
+    let fresh = |text: &str| -> Vec<arithmetic::Slip> {
+        arithmetic::slips(text)
+            .into_iter()
+            .filter(|s| !flagged.contains(&s.expression))
+            .filter(|s| {
+                let said = messages.iter().filter(|m| m.role == Role::User).map(|m| arithmetic::slips(&m.content));
+                !said.flatten().any(|u| u.expression == s.expression)
+            })
+            .collect()
+    };
+    let (what, slips) = match decision {
+        Decision::FinalAnswer { answer, .. } => match fresh(answer) {
+            s if s.is_empty() => ("thought", fresh(decision.thought())),
+            s => ("answer", s),
+        },
+        _ => ("thought", fresh(decision.thought())),
+    };
+    if slips.is_empty() {
+        return None;
+    }
+    flagged.extend(slips.iter().map(|s| s.expression.clone()));
+    let found: Vec<String> = slips.iter().map(ToString::to_string).collect();
+    let error = format!("the {what}'s arithmetic is wrong: {}", found.join("; "));
+    Some(Failure::Arithmetic(error, serde_json::to_value(decision).unwrap_or(Value::Null)))
 }
 
 /// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).

@@ -229,6 +229,10 @@ pub(crate) struct DecisionArgs {
     /// value for the model, else 200).
     #[arg(long)]
     pub(crate) max_thought_chars: Option<usize>,
+    /// Recompute the arithmetic a decision's answer or thought writes (`12 + 7 = 20`) and, where a result
+    /// is wrong, ask again with the right one, made to call a tool where the first decision must call.
+    #[arg(long, value_name = "yes|no", default_value = "yes")]
+    pub(crate) check_arithmetic: Toggle,
 }
 
 /// `yes` or `no`, for settings whose default comes from the catalog.
@@ -247,6 +251,7 @@ pub(crate) struct DecisionSettings {
     pub(crate) drop_unstated_options: bool,
     pub(crate) drop_unstated_calls: bool,
     pub(crate) max_thought_chars: usize,
+    pub(crate) check_arithmetic: bool,
 }
 
 impl DecisionSettings {
@@ -259,6 +264,7 @@ impl DecisionSettings {
         config.drop_unstated_options = self.drop_unstated_options;
         config.drop_unstated_calls = self.drop_unstated_calls;
         config.decision.max_thought_chars = self.max_thought_chars;
+        config.check_arithmetic = self.check_arithmetic;
     }
 }
 
@@ -285,6 +291,9 @@ impl std::fmt::Display for DecisionSettings {
                 0 => write!(f, ", no thought")?,
                 n => write!(f, ", thought of up to {n} characters")?,
             }
+        }
+        if !self.check_arithmetic {
+            write!(f, ", arithmetic unchecked")?;
         }
         Ok(())
     }
@@ -342,6 +351,7 @@ impl DecisionArgs {
                 .max_thought_chars
                 .or(defaults.thought_chars)
                 .unwrap_or(reagent::DecisionOptions::default().max_thought_chars),
+            check_arithmetic: self.check_arithmetic == Toggle::Yes,
         })
     }
 }

@@ -47,7 +47,8 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
                 json!({"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37 * 43 + 12"}}, "required": ["expression"]}),
             )?,
             |args| calculate(args["expression"].as_str().unwrap_or_default()),
-        )),
+        )
+        .read_only()),
         Arc::new(FnTool::new(
             ToolSpec::new(
                 "current_time",
@@ -58,23 +59,29 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
         )),
     ];
     let (r, max, links_ok) = (root.clone(), opts.max_read_bytes, opts.read_hard_links);
-    tools.push(Arc::new(FnTool::new(
-        ToolSpec::new(
-            "read_file",
-            "Reads a text file under the working directory.",
-            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
-        )?,
-        move |args| read_file(&r, args["path"].as_str().unwrap_or_default(), max, links_ok),
-    )));
+    tools.push(Arc::new(
+        FnTool::new(
+            ToolSpec::new(
+                "read_file",
+                "Reads a text file under the working directory.",
+                json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+            )?,
+            move |args| read_file(&r, args["path"].as_str().unwrap_or_default(), max, links_ok),
+        )
+        .read_only(),
+    ));
     let r = root.clone();
-    tools.push(Arc::new(FnTool::new(
-        ToolSpec::new(
-            "list_dir",
-            "Lists a directory under the working directory (directories end with /).",
-            json!({"type": "object", "properties": {"path": {"type": "string", "description": "default: ."}}}),
-        )?,
-        move |args| list_dir(&r, args["path"].as_str().unwrap_or(".")),
-    )));
+    tools.push(Arc::new(
+        FnTool::new(
+            ToolSpec::new(
+                "list_dir",
+                "Lists a directory under the working directory (directories end with /).",
+                json!({"type": "object", "properties": {"path": {"type": "string", "description": "default: ."}}}),
+            )?,
+            move |args| list_dir(&r, args["path"].as_str().unwrap_or(".")),
+        )
+        .read_only(),
+    ));
     let r = root.clone();
     tools.push(Arc::new(FnTool::new(
         ToolSpec::new(
@@ -86,7 +93,8 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
         move |args| {
             search_files(&r, args["path"].as_str().unwrap_or("."), args["text"].as_str().unwrap_or_default())
         },
-    )));
+    )
+    .read_only()));
     if opts.allow_write {
         let r = root;
         tools.push(Arc::new(FnTool::new(
@@ -104,7 +112,7 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
 }
 
 /// Arithmetic only: evalexpr on an empty context, so no variables, assignments or user functions.
-fn calculate(expr: &str) -> std::result::Result<Value, ToolError> {
+pub(crate) fn calculate(expr: &str) -> std::result::Result<Value, ToolError> {
     if expr.len() > 1000 {
         return Err(ToolError("expression too long".into()));
     }

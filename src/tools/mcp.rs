@@ -112,7 +112,8 @@ fn server_name(command: &str, args: &[String]) -> String {
 /// A running MCP server and the tools it listed.
 pub struct McpServer {
     conn: Arc<Connection>,
-    tools: Vec<ToolSpec>,
+    /// Each tool with whether the server says it is read-only (`annotations.readOnlyHint`).
+    tools: Vec<(ToolSpec, bool)>,
     skipped: Vec<(String, String)>,
     startup: Duration,
 }
@@ -183,7 +184,10 @@ impl McpServer {
             schema.remove("$schema");
             let description = t.description.as_deref().or(t.title.as_deref()).unwrap_or("").to_string();
             match ToolSpec::new(t.name.to_string(), description, Value::Object(schema)) {
-                Ok(spec) => tools.push(spec),
+                Ok(spec) => {
+                    let read_only = t.annotations.as_ref().and_then(|a| a.read_only_hint) == Some(true);
+                    tools.push((spec, read_only));
+                }
                 Err(e) => skipped.push((t.name.to_string(), e.to_string())),
             }
         }
@@ -216,18 +220,18 @@ impl McpServer {
 /// says which server it comes from.
 pub fn tools_of(servers: &[McpServer], taken: &[&str]) -> Vec<Arc<dyn Tool>> {
     let mut count: HashMap<&str, usize> = HashMap::new();
-    for t in servers.iter().flat_map(|s| &s.tools) {
+    for (t, _) in servers.iter().flat_map(|s| &s.tools) {
         *count.entry(t.name.as_str()).or_default() += 1;
     }
     let mut out: Vec<Arc<dyn Tool>> = Vec::new();
     for s in servers {
-        for t in &s.tools {
+        for (t, read_only) in &s.tools {
             let mut spec = t.clone();
             if count[t.name.as_str()] > 1 || taken.contains(&t.name.as_str()) {
                 spec.name = format!("{}.{}", s.name(), t.name);
                 spec.description = format!("{} (tool `{}` of MCP server `{}`)", t.description, t.name, s.name());
             }
-            out.push(Arc::new(McpTool { conn: s.conn.clone(), remote: t.name.clone(), spec }));
+            out.push(Arc::new(McpTool { conn: s.conn.clone(), remote: t.name.clone(), spec, read_only: *read_only }));
         }
     }
     out
@@ -239,11 +243,16 @@ struct McpTool {
     /// The name the server knows it by.
     remote: String,
     spec: ToolSpec,
+    read_only: bool,
 }
 
 impl Tool for McpTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub(crate) use builtin::calculate;
 pub use builtin::{builtin_tools, BuiltinOptions};
 pub use executor::{CallOutcome, Executor, Interceptor, InterceptorAction};
 pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTool, ToolsFileContents, MAX_TIMEOUT_S};
@@ -120,12 +121,19 @@ pub trait Tool: Send + Sync {
     fn validate(&self, _args: &Value) -> std::result::Result<(), String> {
         Ok(())
     }
+    /// Whether a call changes nothing and gives the same result when made again while only read-only
+    /// tools run in between (a calculation, reading a file). The agent then refuses to go back to a call it
+    /// made two or three calls before, and gives the result it had. Default: `false`.
+    fn read_only(&self) -> bool {
+        false
+    }
 }
 
 /// A tool from a function definition and a closure.
 pub struct FnTool<F> {
     spec: ToolSpec,
     f: F,
+    read_only: bool,
 }
 
 impl<F> FnTool<F>
@@ -134,13 +142,20 @@ where
 {
     /// From a spec and a closure.
     pub fn new(spec: ToolSpec, f: F) -> Self {
-        Self { spec, f }
+        Self { spec, f, read_only: false }
+    }
+
+    /// Marks the tool [read-only](Tool::read_only).
+    #[must_use]
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
     }
 
     /// From a definition in the common function format (`{"type":"function","function":{…}}` or the bare
     /// `{name, description, parameters}`).
     pub fn from_function_json(def: &Value, f: F) -> Result<Self> {
-        Ok(Self { spec: ToolSpec::from_function_json(def)?, f })
+        Ok(Self { spec: ToolSpec::from_function_json(def)?, f, read_only: false })
     }
 }
 
@@ -153,6 +168,9 @@ where
     }
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
         (self.f)(args)
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
@@ -180,6 +198,7 @@ where
 pub struct TypedTool<A, F, R, E> {
     spec: ToolSpec,
     f: F,
+    read_only: bool,
     _types: std::marker::PhantomData<fn(A) -> (R, E)>,
 }
 
@@ -197,7 +216,19 @@ where
             o.remove("$schema");
             o.remove("title");
         }
-        Ok(Self { spec: ToolSpec::new(name, description, schema)?, f, _types: std::marker::PhantomData })
+        Ok(Self {
+            spec: ToolSpec::new(name, description, schema)?,
+            f,
+            read_only: false,
+            _types: std::marker::PhantomData,
+        })
+    }
+
+    /// Marks the tool [read-only](Tool::read_only).
+    #[must_use]
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
     }
 }
 
@@ -215,6 +246,9 @@ where
         let a: A = serde_json::from_value(args.clone()).map_err(|e| ToolError(format!("bad arguments: {e}")))?;
         let r = (self.f)(a).map_err(Into::into)?;
         serde_json::to_value(r).map_err(|e| ToolError(format!("the result cannot be written as JSON: {e}")))
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 }
 
