@@ -121,11 +121,36 @@ pub(crate) fn calculate(expr: &str) -> std::result::Result<Value, ToolError> {
         return Err(ToolError(format!("only numbers and + - * / % ^ ( ) are allowed, found `{bad}`")));
     }
     // Integers would divide as integers (7/2 = 3): evaluate in floating point.
-    let v = evalexpr::eval_number(&float_literals(expr)).map_err(|e| ToolError(format!("cannot evaluate: {e}")))?;
+    let v = evalexpr::eval_number(&float_literals(&percents(expr)))
+        .map_err(|e| ToolError(format!("cannot evaluate: {e}")))?;
     if !v.is_finite() {
         return Err(ToolError("the result is not a finite number".into()));
     }
     Ok(if v.fract() == 0.0 && v.abs() < 9.0e15 { json!(v as i64) } else { json!(v) })
+}
+
+/// Writes a percent sign that ends an operand (`15% * 2340`, `2340 * 15%`) as a hundredth: `(15/100)`. A `%`
+/// between two operands (`17 % 5`) stays the remainder.
+fn percents(expr: &str) -> String {
+    let chars: Vec<char> = expr.chars().collect();
+    let mut out = String::with_capacity(expr.len() + 8);
+    for (i, &c) in chars.iter().enumerate() {
+        let next = chars[i + 1..].iter().find(|c| !c.is_whitespace());
+        if c != '%' || next.is_some_and(|n| n.is_ascii_digit() || "(.".contains(*n)) {
+            out.push(c);
+            continue;
+        }
+        let trimmed = out.trim_end().len();
+        out.truncate(trimmed);
+        let start = out.rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |p| p + 1);
+        if start < out.len() {
+            let number = out.split_off(start);
+            out.push_str(&format!("({number}/100)"));
+        } else {
+            out.push_str("/100");
+        }
+    }
+    out
 }
 
 /// Writes every integer literal as a float (`7` → `7.0`).
@@ -388,6 +413,13 @@ mod tests {
         assert!(calculate("x = 3").is_err());
         assert!(calculate("1 / 0").is_err());
         assert!(calculate("2 +").is_err());
+        // A percent sign after an operand is a hundredth; between operands, the remainder.
+        assert_eq!(calculate("15% * 2340").unwrap(), json!(351));
+        assert_eq!(calculate("2340 * 15 %").unwrap(), json!(351));
+        assert_eq!(calculate("100 / 12.5%").unwrap(), json!(800));
+        assert_eq!(calculate("(10 + 10)% * 50").unwrap(), json!(10));
+        assert_eq!(calculate("17 % 5").unwrap(), json!(2));
+        assert_eq!(calculate("17 %(5)").unwrap(), json!(2));
     }
 
     #[test]
