@@ -171,7 +171,8 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
 unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: usize, x: &[Q8Block]) -> [f32; R] {
     let bb = block_bytes(T);
     let mut acc = [_mm256_setzero_ps(); R];
-    let mut mins = [0f32; R];
+    // Q4_K, Q5_K: `Σ dmin·d_x·min·Σ qx` over the super-blocks, in 4 lanes.
+    let mut min_acc = [_mm_setzero_ps(); R];
     let m4 = _mm256_set1_epi8(0x0F);
     for (sb, xs) in x.chunks_exact(8).enumerate() {
         // Loops, not `array::from_fn`: a closure does not inherit the target features, so its intrinsics
@@ -182,6 +183,13 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
         }
         let dx = xs[0].d;
         if T == Q4K || T == Q5K {
+            // The activation blocks' sums as 16-bit lanes (a block of 32 bytes sums to at most 4096 in
+            // magnitude), for the minimums' term, one `madd` a row.
+            let mut bs = [0i16; 8];
+            for (b, x) in bs.iter_mut().zip(xs) {
+                *b = x.sum as i16;
+            }
+            let bsums = _mm_loadu_si128(bs.as_ptr() as *const __m128i);
             // Q5_K: the quants start after 32 bytes of fifth bits; bit `s` of `qh[l]` belongs to element
             // `l` of sub-block `s`.
             let qs = if T == Q5K { 48 } else { 16 };
@@ -189,10 +197,12 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                 let b = rows.add(r * stride + sb * bb);
                 prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
                 let (d, dmin) = (f16(b), f16(b.add(2)));
-                let sc: &[u8; 12] = &*(b.add(4) as *const [u8; 12]);
+                // The 8 scales and minimums unpacked at once into 16-bit lanes; each sub-block's scale is
+                // broadcast from them with one shuffle.
+                let (scales, mins) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+                let sc = _mm256_broadcastsi128_si256(widen_bytes(scales));
                 let qh = if T == Q5K { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { m4 };
                 let mut sumi = _mm256_setzero_si256();
-                let mut summ = 0i32;
                 for j in 0..4 {
                     let v = _mm256_loadu_si256(b.add(qs + 32 * j) as *const __m256i);
                     let mut lo = _mm256_and_si256(v, m4);
@@ -201,15 +211,15 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                         lo = _mm256_or_si256(lo, bit_as_16(qh, 1 << (2 * j)));
                         hi = _mm256_or_si256(hi, bit_as_16(qh, 2 << (2 * j)));
                     }
-                    let (s0, n0) = super::q4k_scale_min(2 * j, sc);
-                    let (s1, n1) = super::q4k_scale_min(2 * j + 1, sc);
-                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, qx[2 * j]), _mm256_set1_epi16(s0 as i16));
-                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qx[2 * j + 1]), _mm256_set1_epi16(s1 as i16));
+                    let s0 = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(SCALE_PICK[2 * j]));
+                    let s1 = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(SCALE_PICK[2 * j + 1]));
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, qx[2 * j]), s0);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qx[2 * j + 1]), s1);
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-                    summ += n0 as i32 * xs[2 * j].sum + n1 as i32 * xs[2 * j + 1].sum;
                 }
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
-                mins[r] -= dmin * dx * summ as f32;
+                let summ = _mm_madd_epi16(widen_bytes(mins), bsums);
+                min_acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(summ), _mm_set1_ps(dmin * dx), min_acc[r]);
             }
         } else {
             let mut off = [_mm256_setzero_si256(); 8];
@@ -221,7 +231,13 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                 let b = rows.add(r * stride + sb * bb);
                 prefetch_next_rows::<R>(b, stride, 4);
                 let d = f16(b.add(208));
-                let sc = b.add(192) as *const i8;
+                // The 16 scales as 16-bit lanes, 8 to a 128-bit lane, in both lanes of a vector: quarter
+                // `i` takes scale `2i` for its first 16 elements and `2i + 1` for the next 16, one shuffle.
+                let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
+                let scales = [
+                    _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc)),
+                    _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8))),
+                ];
                 let mut sumi = _mm256_setzero_si256();
                 for half in 0..2 {
                     let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
@@ -239,9 +255,9 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                     for (k, qk) in q.iter().enumerate() {
                         let i = 4 * half + k;
                         let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, qx[i]), off[i]);
-                        let s = _mm256_set_m128i(
-                            _mm_set1_epi16(*sc.add(2 * i + 1) as i16),
-                            _mm_set1_epi16(*sc.add(2 * i) as i16),
+                        let s = _mm256_shuffle_epi8(
+                            scales[half],
+                            _mm256_set_m128i(_mm_set1_epi16(SCALE_PICK[2 * k + 1]), _mm_set1_epi16(SCALE_PICK[2 * k])),
                         );
                         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
                     }
@@ -252,9 +268,27 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
     }
     let mut out = [0f32; R];
     for r in 0..R {
-        out[r] = hsum(acc[r]) + mins[r];
+        let m = _mm_hadd_ps(min_acc[r], min_acc[r]);
+        out[r] = hsum(acc[r]) - _mm_cvtss_f32(_mm_hadd_ps(m, m));
     }
     out
+}
+
+/// `pshufb` indices that broadcast 16-bit lane `k` of a 128-bit lane to all 8 of its lanes.
+const SCALE_PICK: [i16; 8] = {
+    let mut p = [0i16; 8];
+    let mut k = 0;
+    while k < 8 {
+        p[k] = ((2 * k as i16 + 1) << 8) | (2 * k as i16);
+        k += 1;
+    }
+    p
+};
+
+/// Eight bytes as eight 16-bit lanes.
+#[inline(always)]
+unsafe fn widen_bytes(v: [u8; 8]) -> __m128i {
+    _mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(v)))
 }
 
 /// Writes 32 floats `q[l]·s_l + c` for bytes `q` (unsigned, or signed when `SIGNED`), where `s_l` is
