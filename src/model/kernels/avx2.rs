@@ -239,7 +239,7 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                     _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8))),
                 ];
                 let mut sumi = _mm256_setzero_si256();
-                for half in 0..2 {
+                for (half, half_scales) in scales.iter().enumerate() {
                     let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
                     let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
                     let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
@@ -256,7 +256,7 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                         let i = 4 * half + k;
                         let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, qx[i]), off[i]);
                         let s = _mm256_shuffle_epi8(
-                            scales[half],
+                            *half_scales,
                             _mm256_set_m128i(_mm_set1_epi16(SCALE_PICK[2 * k + 1]), _mm_set1_epi16(SCALE_PICK[2 * k])),
                         );
                         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
