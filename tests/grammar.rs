@@ -611,3 +611,30 @@ fn runs_of_digits_are_capped_unless_the_grammar_needs_them() {
     let text = decode_by_preference(&thirty, &[("1", 10.0)], 200);
     assert_eq!(longest_digit_run(&text), 30, "{text}");
 }
+
+/// The tokens `prefer_closing` leaves allowed after `prefix` under `schema`, with every token equally likely.
+fn closing_choices(schema: Value, prefix: &str) -> Vec<String> {
+    let m = tiny_model(Arch::Qwen2);
+    let tok = m.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), m.vocab_size(), m.stop_tokens()).unwrap();
+    let mut c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
+    let ids = tok.encode(prefix, false).unwrap();
+    assert_eq!(c.consume_prefix(&ids).unwrap(), ids.len(), "{prefix:?}");
+    let mut logits = vec![0f32; m.vocab_size()];
+    c.mask_logits(&mut logits).unwrap();
+    c.prefer_closing(&mut logits);
+    let kept = logits.iter().enumerate().filter(|(_, &l)| l > f32::NEG_INFINITY);
+    kept.map(|(t, _)| tok.decode(&[t as u32], false).unwrap()).collect()
+}
+
+/// Near the token limit, inside a string only a token that starts with its closing quote is left (a `}`
+/// there is text, and a model that likes braces wrote `1440000}}}}…` to the limit); outside a string a
+/// bracket closes; a string's opening quote is not a way to close an empty array.
+#[test]
+fn closing_near_the_limit_closes_strings_with_their_quote() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string"}}}, "required": ["a", "b"], "additionalProperties": false, "x-guidance": {"whitespace_flexible": false}});
+    let in_string = closing_choices(schema.clone(), r#"{"a":"1440000"#);
+    assert!(!in_string.is_empty() && in_string.iter().all(|t| t.trim_start().starts_with('"')), "{in_string:?}");
+    let in_array = closing_choices(schema, r#"{"a":"x","b":["#);
+    assert!(!in_array.is_empty() && in_array.iter().all(|t| t.trim_start().starts_with(']')), "{in_array:?}");
+}

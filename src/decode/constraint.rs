@@ -80,25 +80,50 @@ pub struct GrammarEngine {
     factory: Arc<ParserFactory>,
     vocab: usize,
     digits: Arc<DigitTable>,
-    closers: Arc<Vec<u32>>,
+    closers: Arc<Closers>,
 }
 
-/// Tokens that close what is open rather than add to it: a quote, a bracket or a brace (with whitespace
-/// around), a closing tag (`</tool_call>`), a stop token. Near the token limit constrained output is
+/// Tokens that close what is open rather than add to it. Near the token limit constrained output is
 /// steered to them ([`Constraint::prefer_closing`]).
-fn closing_tokens(words: &[Vec<u8>], stops: &[u32]) -> Vec<u32> {
-    let closes = |w: &[u8]| match w.split_first() {
-        Some((&TokTrie::SPECIAL_TOKEN_MARKER, text)) => text.starts_with(b"</"),
-        _ => {
-            w.iter().any(|b| matches!(b, b'"' | b'}' | b']'))
-                && w.iter().all(|b| matches!(b, b'"' | b'}' | b']') || b.is_ascii_whitespace())
+#[derive(Debug, Default)]
+struct Closers {
+    /// Stop tokens and closing tags (`</tool_call>`): they end the output or a block.
+    ends: Vec<u32>,
+    /// Quotes, brackets and braces (with whitespace around) that start with a quote: inside a string,
+    /// only these close it (a `}` there is text).
+    quote_led: Vec<u32>,
+    /// The other brackets and braces.
+    brackets: Vec<u32>,
+    /// Single letters that no JSON literal or number starts with: where the grammar allows one, the
+    /// output is inside a string (or free text).
+    letters: Vec<u32>,
+}
+
+impl Closers {
+    fn new(words: &[Vec<u8>], stops: &[u32]) -> Self {
+        let mut c = Closers::default();
+        for (t, w) in words.iter().enumerate() {
+            let t = t as u32;
+            match w.split_first() {
+                Some((&TokTrie::SPECIAL_TOKEN_MARKER, text)) if text.starts_with(b"</") => c.ends.push(t),
+                Some((&TokTrie::SPECIAL_TOKEN_MARKER, _)) => {}
+                _ if matches!(w.as_slice(), [b'q' | b'x' | b'z' | b'j' | b'k' | b'w']) => c.letters.push(t),
+                _ if w.iter().any(|b| matches!(b, b'"' | b'}' | b']'))
+                    && w.iter().all(|b| matches!(b, b'"' | b'}' | b']') || b.is_ascii_whitespace()) =>
+                {
+                    match w.iter().find(|b| !b.is_ascii_whitespace()) {
+                        Some(b'"') => c.quote_led.push(t),
+                        _ => c.brackets.push(t),
+                    }
+                }
+                _ => {}
+            }
         }
-    };
-    let mut ids: Vec<u32> = (0..words.len() as u32).filter(|&t| closes(&words[t as usize])).collect();
-    ids.extend_from_slice(stops);
-    ids.sort_unstable();
-    ids.dedup();
-    ids
+        c.ends.extend(stops.iter().filter(|&&t| (t as usize) < words.len()));
+        c.ends.sort_unstable();
+        c.ends.dedup();
+        c
+    }
 }
 
 /// Each token's digits at its two ends, to follow the run of digits at the end of the output.
@@ -172,7 +197,7 @@ impl GrammarEngine {
         words.resize(vocab, Vec::new());
         let digits = Arc::new(DigitTable::new(&words));
         let stops: Vec<u32> = stop_tokens.iter().copied().filter(|&t| (t as usize) < vocab).collect();
-        let closers = Arc::new(closing_tokens(&words, &stops));
+        let closers = Arc::new(Closers::new(&words, &stops));
         let eos = stops.first().copied().or(tokenizer.eos()).ok_or_else(|| Error::Constraint {
             problem: "the model has no end-of-sequence token to end constrained output".into(),
         })?;
@@ -351,7 +376,7 @@ pub struct Constraint {
     /// One entry per token consumed so far (their count places [`BranchPoint::Start`]): the run of digits
     /// at the end of the output after it (see [`MAX_DIGIT_RUN`]).
     runs: Vec<usize>,
-    closers: Arc<Vec<u32>>,
+    closers: Arc<Closers>,
 }
 
 impl Constraint {
@@ -498,17 +523,30 @@ impl Constraint {
         }
     }
 
-    /// Near the token limit: where the grammar allows a token that closes what is open (a string's quote,
-    /// a bracket, a closing tag, a stop token), only those stay allowed, so that output a model runs on
-    /// ("1, 2, 3, …" in an answer) ends valid within the limit instead of being cut off. Elsewhere (inside
-    /// a number, before a required field) the mask is left as it is. Call after [`Self::mask_logits`].
+    /// Near the token limit: where the grammar allows a token that closes what is open, only those stay
+    /// allowed, so that output a model runs on ("1, 2, 3, …" in an answer) ends valid within the limit
+    /// instead of being cut off: a stop token or closing tag where one is allowed (free text ends there);
+    /// else, inside a string, a token that starts with its closing quote (a `}` there would be text);
+    /// else a bracket or brace, else a quote. Elsewhere (inside a number, before a required field) the mask is
+    /// left as it is. Call after [`Self::mask_logits`].
     pub fn prefer_closing(&self, logits: &mut [f32]) {
-        let kept: Vec<(u32, f32)> = self
-            .closers
-            .iter()
-            .filter_map(|&t| logits.get(t as usize).map(|&l| (t, l)))
-            .filter(|&(_, l)| l > f32::NEG_INFINITY)
-            .collect();
+        let allowed = |ids: &[u32]| -> Vec<(u32, f32)> {
+            ids.iter()
+                .filter_map(|&t| logits.get(t as usize).map(|&l| (t, l)))
+                .filter(|&(_, l)| l > f32::NEG_INFINITY)
+                .collect()
+        };
+        let c = &self.closers;
+        let mut kept = allowed(&c.ends);
+        if kept.is_empty() {
+            // Outside a string a quote opens one: a bracket closes, else (a string at its length limit or
+            // the end of an enum's value, where no letter is allowed either) the quote.
+            let in_string = !allowed(&c.letters).is_empty();
+            kept = if in_string { allowed(&c.quote_led) } else { allowed(&c.brackets) };
+            if kept.is_empty() && !in_string {
+                kept = allowed(&c.quote_led);
+            }
+        }
         if kept.is_empty() {
             return;
         }
