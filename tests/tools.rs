@@ -67,6 +67,7 @@ parameters = { type = "object", properties = { text = { type = "string" } }, req
 [[tool]]
 name = "fails"
 command = ["sh", "-c", "echo broken >&2; exit 3"]
+read_only = true
 
 [[tool]]
 name = "slow"
@@ -81,6 +82,8 @@ max_output_bytes = 10
         "toml",
     );
     let tools = load_tools_file(&path).unwrap();
+    let read_only: Vec<bool> = tools.iter().map(|t| t.read_only()).collect();
+    assert_eq!(read_only, [false, true, false, false]);
     let mut set = ToolSet::default();
     for t in tools {
         set.add(t).unwrap();

@@ -7,6 +7,7 @@
 //! command = ["python3", "wc.py"]     # program and fixed arguments; run directly, no shell
 //! timeout_s = 10                      # default 30
 //! max_output_bytes = 65536            # default 64 KiB; longer output is cut
+//! read_only = true                    # default false: see `Tool::read_only`
 //! parameters = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
 //! ```
 //!
@@ -41,6 +42,8 @@ struct ProgramDef {
     timeout_s: f64,
     #[serde(default = "default_max_output")]
     max_output_bytes: usize,
+    #[serde(default)]
+    read_only: bool,
 }
 
 fn default_parameters() -> Value {
@@ -68,6 +71,7 @@ pub struct ProgramTool {
     command: Vec<String>,
     timeout: Duration,
     max_output: usize,
+    read_only: bool,
 }
 
 impl ProgramTool {
@@ -84,7 +88,7 @@ impl ProgramTool {
                 reason: format!("`max_output_bytes` is at most {MAX_OUTPUT_LIMIT} (16 MiB)"),
             });
         }
-        Ok(Self { spec, command: d.command, timeout, max_output: d.max_output_bytes })
+        Ok(Self { spec, command: d.command, timeout, max_output: d.max_output_bytes, read_only: d.read_only })
     }
 }
 
@@ -144,6 +148,10 @@ pub fn load_tools_file(path: &Path) -> Result<Vec<Arc<dyn Tool>>> {
 impl Tool for ProgramTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
     }
 
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
