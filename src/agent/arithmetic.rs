@@ -124,11 +124,10 @@ fn range() -> &'static Regex {
     RE.get_or_init(|| Regex::new(r"\d-\d").expect("the range pattern compiles"))
 }
 
-/// The value of an arithmetic expression (`+ - * / % ^`, parentheses), in floating point; `None` when it
-/// does not parse or is not finite.
+/// The value of an arithmetic expression (`+ - * / % ^`, parentheses), as the calculator tool gives it;
+/// `None` when it does not parse or is not finite.
 fn evaluate(expr: &str) -> Option<f64> {
-    let v = crate::tools::calculate(expr).ok()?;
-    v.as_f64().filter(|v| v.is_finite())
+    crate::tools::calculate(expr).ok()?.as_f64()
 }
 
 #[cfg(test)]

@@ -579,8 +579,7 @@ impl Agent {
         if recent.last().is_some_and(|(c, _)| c != &call) {
             recent.clear();
         }
-        let cycle = self.goes_back(&call, history);
-        if let Some(earlier) = cycle {
+        if let Some(earlier) = self.goes_back(&call, history) {
             let outcome = CallOutcome::Repeated { output: earlier.observation(), times: 1 };
             let reason = "goes back to a call made before the previous one (its result is known)".to_string();
             self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason });
@@ -717,15 +716,15 @@ enum Failure {
 /// `7 × 8 = 54`) and those already sent back this run (`flagged`, where the new ones are added) are not
 /// slips.
 fn arithmetic_slips(decision: &Decision, messages: &[ChatMessage], flagged: &mut Vec<String>) -> Option<Failure> {
+    let said: Vec<String> = messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .flat_map(|m| arithmetic::slips(&m.content))
+        .map(|s| s.expression)
+        .collect();
     let fresh = |text: &str| -> Vec<arithmetic::Slip> {
-        arithmetic::slips(text)
-            .into_iter()
-            .filter(|s| !flagged.contains(&s.expression))
-            .filter(|s| {
-                let said = messages.iter().filter(|m| m.role == Role::User).map(|m| arithmetic::slips(&m.content));
-                !said.flatten().any(|u| u.expression == s.expression)
-            })
-            .collect()
+        let known = |s: &arithmetic::Slip| flagged.contains(&s.expression) || said.contains(&s.expression);
+        arithmetic::slips(text).into_iter().filter(|s| !known(s)).collect()
     };
     let (what, slips) = match decision {
         Decision::FinalAnswer { answer, .. } => match fresh(answer) {

@@ -135,17 +135,20 @@ fn percents(expr: &str) -> String {
     let chars: Vec<char> = expr.chars().collect();
     let mut out = String::with_capacity(expr.len() + 8);
     for (i, &c) in chars.iter().enumerate() {
-        let next = chars[i + 1..].iter().find(|c| !c.is_whitespace());
-        if c != '%' || next.is_some_and(|n| n.is_ascii_digit() || "(.".contains(*n)) {
+        let remainder = || {
+            chars[i + 1..].iter().find(|c| !c.is_whitespace()).is_some_and(|n| n.is_ascii_digit() || "(.".contains(*n))
+        };
+        if c != '%' || remainder() {
             out.push(c);
             continue;
         }
-        let trimmed = out.trim_end().len();
-        out.truncate(trimmed);
+        out.truncate(out.trim_end().len());
         let start = out.rfind(|c: char| !(c.is_ascii_digit() || c == '.')).map_or(0, |p| p + 1);
         if start < out.len() {
             let number = out.split_off(start);
-            out.push_str(&format!("({number}/100)"));
+            out.push('(');
+            out.push_str(&number);
+            out.push_str("/100)");
         } else {
             out.push_str("/100");
         }
