@@ -7,13 +7,15 @@ use serde_json::Value;
 
 use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{self, DecisionRequest, DriverOutput};
-use super::events::{AgentEvent, CallRecord, DecisionStats, RunStats, Step, StopReason, Transcript};
+use super::events::{AgentEvent, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
 use super::{arithmetic, native, Agent, AgentConfig};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, ToolCall, ToolSpec};
+
+mod calls;
 
 /// What one step's attempts produced.
 enum Attempt {
@@ -56,9 +58,6 @@ struct SlipCheck<'a> {
     /// The run's [`RunState::flagged_slips`].
     flagged: &'a mut Vec<String>,
 }
-
-/// How many calls before the previous one a call is compared with, to refuse a cycle.
-const CYCLE_WINDOW: usize = 2;
 
 /// The grammars a step chooses from.
 struct StepGrammars {
@@ -312,62 +311,6 @@ impl Agent {
         }
     }
 
-    /// Runs the decision's calls into `step.calls`, noting in `run` whether the next step must answer (a
-    /// refused repeat) or call again (a failure, when the settings ask for it).
-    fn run_calls(
-        &mut self,
-        step_no: usize,
-        decision: &Decision,
-        step: &mut Step,
-        run: &mut RunState,
-        forced_after_error: bool,
-    ) {
-        for call in decision.calls() {
-            let (call, outcome) = self.call(step_no, call, &mut run.recent, &mut run.history);
-            if matches!(outcome, CallOutcome::Repeated { .. }) {
-                run.force_answer = self.config.tool_choice == ToolChoice::Auto;
-            }
-            let failed =
-                matches!(outcome, CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. });
-            run.after_error |= failed && self.config.call_after_error && !forced_after_error;
-            step.calls.push(CallRecord { call, outcome });
-        }
-    }
-
-    /// The turns that carry the step's results back to the model, and `step.observation`.
-    fn observation_messages(&self, step: &mut Step) -> Vec<ChatMessage> {
-        if self.config.format == DecisionFormat::Native {
-            // The template wraps each tool turn as the model saw results in training: a repeated call's turn
-            // is its result alone (the next decision must answer anyway; a note about the repeat in a tool
-            // turn drew answers about the repeat instead of the result).
-            let observations: Vec<String> = step
-                .calls
-                .iter()
-                .map(|c| match &c.outcome {
-                    CallOutcome::Repeated { output, .. } => output.clone(),
-                    other => other.observation(),
-                })
-                .collect();
-            step.observation = Some(observations.join("\n"));
-            return observations.into_iter().map(|o| ChatMessage::new(Role::Tool, o)).collect();
-        }
-        // Naming the call next to its result lets small models connect the two.
-        let observations: Vec<String> = step
-            .calls
-            .iter()
-            .map(|c| format!("{} {} returned: {}", c.call.tool, c.call.args, c.outcome.observation()))
-            .collect();
-        // After a failure the error speaks for itself (small models copy any advice into their answer).
-        let failed = step.calls.iter().any(|c| !c.outcome.is_ok());
-        let next = match (&self.config.tool_choice, failed) {
-            (ToolChoice::Auto, false) => "\nIf this answers the task, give the final answer now.",
-            _ => "",
-        };
-        let observation = format!("Observation: {}{next}", observations.join("\n"));
-        step.observation = Some(observation.clone());
-        vec![ChatMessage::new(self.driver.observation_role(), observation)]
-    }
-
     /// Gets one valid decision, retrying extraction and validation failures with the error fed back.
     fn attempt(
         &mut self,
@@ -563,77 +506,6 @@ impl Agent {
         self.executor.check(call).map_err(|outcome| {
             format!("{} (tool `{}`)", outcome.error_text().unwrap_or_else(|| outcome.observation()), call.tool)
         })
-    }
-
-    /// Executes one call, unless it repeats the previous ones too often, or goes back to a call made
-    /// just before the previous one (a cycle: read, compute, read again; within [`CYCLE_WINDOW`] calls)
-    /// that succeeded: its result is known. Returns the call as made (interceptors may change it) and its
-    /// outcome.
-    fn call(
-        &mut self,
-        step: usize,
-        call: ToolCall,
-        recent: &mut Vec<(ToolCall, CallOutcome)>,
-        history: &mut Vec<(ToolCall, CallOutcome)>,
-    ) -> (ToolCall, CallOutcome) {
-        if recent.last().is_some_and(|(c, _)| c != &call) {
-            recent.clear();
-        }
-        if let Some(earlier) = self.goes_back(&call, history) {
-            let outcome = CallOutcome::Repeated { output: earlier.observation(), times: 1 };
-            let reason = "goes back to a call made before the previous one (its result is known)".to_string();
-            self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason });
-            return (call, outcome);
-        }
-        if recent.len() + 1 >= self.config.repeat_limit.max(1) {
-            if let Some((_, first)) = recent.first() {
-                let output = match first {
-                    CallOutcome::Repeated { output, .. } => output.clone(),
-                    other => other.observation(),
-                };
-                let outcome = CallOutcome::Repeated { output, times: recent.len() };
-                let reason = format!("repeats the previous call ({} time(s) already)", recent.len());
-                recent.push((call.clone(), outcome.clone()));
-                self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason });
-                return (call, outcome);
-            }
-        }
-        self.emit(AgentEvent::ToolCallStarted { step, call: call.clone() });
-        let t = Instant::now();
-        // Repeats are judged on the calls the model made, before interceptors rewrite them.
-        let asked = call.clone();
-        let (call, outcome) = self.executor.execute(call);
-        match &outcome {
-            CallOutcome::Blocked { reason } => {
-                self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason: reason.clone() })
-            }
-            _ => self.emit(AgentEvent::ToolCallCompleted {
-                step,
-                call: call.clone(),
-                outcome: outcome.clone(),
-                seconds: t.elapsed().as_secs_f64(),
-            }),
-        }
-        recent.push((asked.clone(), outcome.clone()));
-        history.push((asked, outcome.clone()));
-        (call, outcome)
-    }
-
-    /// The earlier outcome of `call` when it goes back to a successful call made two or three calls before
-    /// (within [`CYCLE_WINDOW`] before the previous one), of a [read-only](crate::tools::Tool::read_only)
-    /// tool, with only read-only tools called since: its result is known.
-    fn goes_back<'h>(&self, call: &ToolCall, history: &'h [(ToolCall, CallOutcome)]) -> Option<&'h CallOutcome> {
-        let read_only = |c: &ToolCall| self.executor.tools().get(&c.tool).is_some_and(|t| t.read_only());
-        if history.last().is_none_or(|(last, _)| last == call) || !read_only(call) {
-            return None;
-        }
-        for (i, (earlier, outcome)) in history.iter().enumerate().rev().skip(1).take(CYCLE_WINDOW) {
-            if earlier == call {
-                let pure_since = history[i + 1..].iter().all(|(c, _)| read_only(c));
-                return (pure_since && matches!(outcome, CallOutcome::Ok { .. })).then_some(outcome);
-            }
-        }
-        None
     }
 
     /// Makes the request fit the context with room for a decision: shortens the oldest observations
