@@ -273,6 +273,143 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
     });
 }
 
+/// `y[c·rows + r] = W[r] · x_c` for the `m` activation rows of `x` (`m` × blocks, token after token): a
+/// short batch (forced tokens, a few tokens of a prompt) with each weight row read from memory once for all
+/// the tokens, where one mat-vec per token would read the whole matrix `m` times. On AVX-512 each
+/// unpacked block also serves every token; the other tiers run the row's mat-vec kernel once per token
+/// while the row is in L1.
+pub fn matvec_tokens(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], m: usize, y: &mut [f32]) {
+    matvec_tokens_on(Tier::best(), t, w, rows, x, m, y)
+}
+
+/// [`matvec_tokens`] on a given tier, which must be one of [`Tier::supported`].
+pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], m: usize, y: &mut [f32]) {
+    assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
+    assert!(m > 0 && x.len().is_multiple_of(m), "{} activation blocks are not {m} whole rows", x.len());
+    let blocks = x.len() / m;
+    let cols = blocks * QK;
+    assert_eq!(cols % t.block_elems(), 0, "{cols} columns are not whole {t:?} blocks");
+    let row_bytes = t.row_bytes(cols);
+    assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {cols} columns");
+    assert_eq!(y.len(), m * rows, "the output is not {m} rows of {rows}");
+    let mut packed = Packed::default();
+    for xc in x.chunks_exact(blocks) {
+        let p = pack(tier, t, xc);
+        #[cfg(target_arch = "x86_64")]
+        {
+            packed.supers.extend_from_slice(&p.supers);
+            packed.pairs.extend_from_slice(&p.pairs);
+        }
+        let _ = p;
+    }
+    const ROWS_PER_ITEM: usize = 16;
+    let y_ptr = y.as_mut_ptr() as usize;
+    let run = |items: std::ops::Range<usize>| {
+        let first = items.start * ROWS_PER_ITEM;
+        let last = rows.min(items.end * ROWS_PER_ITEM);
+        // SAFETY: work items are disjoint row ranges, and every token's output row holds all `rows`.
+        unsafe { rows_tokens_into(tier, t, w, row_bytes, first..last, x, m, &packed, y_ptr as *mut f32, rows) };
+    };
+    if w.len() < 64 * 1024 {
+        run(0..rows.div_ceil(ROWS_PER_ITEM));
+    } else {
+        crate::model::pool::pool().for_chunks(rows.div_ceil(ROWS_PER_ITEM), run);
+    }
+}
+
+/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`.
+///
+/// # Safety
+/// `y` holds `m · n` floats, `rows` lie inside both `w` and `0..n`, and no other thread writes these rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_tokens_into(
+    tier: Tier,
+    t: BlockType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: std::ops::Range<usize>,
+    x: &[Q8Block],
+    m: usize,
+    packed: &Packed,
+    y: *mut f32,
+    n: usize,
+) {
+    assert!(rows.end * row_bytes <= w.len() && rows.end <= n);
+    let blocks = x.len() / m;
+    #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx512 {
+        use avx2::*;
+        let k_quant = t.block_elems() > QK;
+        let xstride = if k_quant { blocks / 8 } else { blocks.div_ceil(2) };
+        let whole = if k_quant { packed.supers.len() } else { packed.pairs.len() } == m * xstride;
+        assert!(whole, "the activations are packed for {t:?}");
+        let mut c = 0;
+        while c < m {
+            let (xp, xs) = (packed.pairs.as_ptr().add(c * xstride), packed.supers.as_ptr().add(c * xstride));
+            let (row, yc) = (w.as_ptr().add(rows.start * row_bytes), y.add(c * n + rows.start));
+            let count = rows.len();
+            macro_rules! run {
+                ($c:literal) => {{
+                    let f = match code(t) {
+                        Q4_0 => avx512::rows_run::<Q4_0, $c>,
+                        Q4_1 => avx512::rows_run::<Q4_1, $c>,
+                        Q5_0 => avx512::rows_run::<Q5_0, $c>,
+                        Q8_0 => avx512::rows_run::<Q8_0, $c>,
+                        Q4K => avx512::rows_run::<Q4K, $c>,
+                        Q5K => avx512::rows_run::<Q5K, $c>,
+                        _ => avx512::rows_run::<Q6K, $c>,
+                    };
+                    f(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
+                    c += $c;
+                }};
+            }
+            match m - c {
+                1 => run!(1),
+                2 => run!(2),
+                3 => run!(3),
+                _ => run!(4),
+            }
+        }
+        return;
+    }
+    let _ = packed;
+    #[cfg(target_arch = "x86_64")]
+    if tier != Tier::Scalar {
+        use avx2::*;
+        for r in rows {
+            let row = w.as_ptr().add(r * row_bytes);
+            for (c, xc) in x.chunks_exact(blocks).enumerate() {
+                macro_rules! one {
+                    ($f:ident, $code:expr) => {
+                        $f::<{ $code }, 1>(row, row_bytes, xc)[0]
+                    };
+                }
+                let v = match (code(t), tier == Tier::AvxVnni) {
+                    (Q4_0, false) => one!(rows_dot, Q4_0),
+                    (Q4_1, false) => one!(rows_dot, Q4_1),
+                    (Q5_0, false) => one!(rows_dot, Q5_0),
+                    (Q8_0, false) => one!(rows_dot, Q8_0),
+                    (Q4_0, true) => one!(rows_dot_vnni, Q4_0),
+                    (Q4_1, true) => one!(rows_dot_vnni, Q4_1),
+                    (Q5_0, true) => one!(rows_dot_vnni, Q5_0),
+                    (Q8_0, true) => one!(rows_dot_vnni, Q8_0),
+                    (Q4K, _) => one!(rows_dot_k, Q4K),
+                    (Q5K, _) => one!(rows_dot_k, Q5K),
+                    (_, _) => one!(rows_dot_k, Q6K),
+                };
+                *y.add(c * n + r) = v;
+            }
+        }
+        return;
+    }
+    for r in rows {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        for (c, xc) in x.chunks_exact(blocks).enumerate() {
+            *y.add(c * n + r) = row_dot_scalar(t, row, xc);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -380,9 +517,18 @@ fn rows_dot_into(
                 out[r..r + 4].copy_from_slice(&y);
                 r += 4;
             }
-            while r < n {
-                out[r] = avx512_rows_dot::<1>(t, base.add(r * row_bytes), row_bytes, xp, xs, x.len())[0];
-                r += 1;
+            if r < n {
+                let (row, count, blocks, y) = (base.add(r * row_bytes), n - r, x.len(), out.as_mut_ptr().add(r));
+                use avx2::*;
+                match code(t) {
+                    Q4_0 => avx512::rows_run::<Q4_0, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                    Q4_1 => avx512::rows_run::<Q4_1, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                    Q5_0 => avx512::rows_run::<Q5_0, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                    Q8_0 => avx512::rows_run::<Q8_0, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                    Q4K => avx512::rows_run::<Q4K, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                    Q5K => avx512::rows_run::<Q5K, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                    _ => avx512::rows_run::<Q6K, 1>(row, row_bytes, count, xp, xs, 0, blocks, y, 0),
+                }
             }
         }
         return;

@@ -169,46 +169,41 @@ unsafe fn pair_scales(b: *const u8, b1: *const u8, single: bool) -> __m512 {
 /// conversion and one FMA per row. Q4_1's minimum (`d·q + m`) adds `m·d_x·Σ q_x` per
 /// block with a second FMA.
 #[inline(always)]
-unsafe fn rows_dot_impl<const T: u8, const R: usize>(
+unsafe fn rows_dot_impl<const T: u8, const R: usize, const C: usize>(
     w: *const u8,
     stride: usize,
     x: *const XPair,
+    xstride: usize,
     blocks: usize,
-) -> [f32; R] {
+) -> [[__m512; C]; R] {
     let bb = block_bytes(T);
-    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
     let mut i = 0;
     while i < blocks {
         let single = i + 1 == blocks;
-        let xp = &*x.add(i / 2);
-        let qx = _mm512_load_si512(xp.qx.as_ptr() as *const __m512i);
-        let start = _mm512_load_si512(xp.start.as_ptr() as *const __m512i);
-        let dx = _mm512_load_ps(xp.dx.as_ptr());
         for (r, acc) in acc.iter_mut().enumerate() {
             let b = w.add(r * stride + i * bb);
             prefetch_next_rows::<R>(b, stride, (2 * bb).div_ceil(64));
             let u = unpack_pair::<T>(b, single);
             let d = pair_scales(b, b.add(bb), single);
-            let p = _mm512_dpbusd_epi32(start, u, qx);
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), *acc);
-            if T == Q4_1 {
-                let m = pair_scales(b.add(2), b.add(bb + 2), single);
-                *acc = _mm512_fmadd_ps(m, _mm512_load_ps(xp.sx.as_ptr()), *acc);
+            let m = if T == Q4_1 { pair_scales(b.add(2), b.add(bb + 2), single) } else { d };
+            // Each token's pair: with one token (decode) its loads are shared by the `R` rows; with
+            // several (a short batch) the unpacked weights are shared by the `C` tokens.
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let xp = &*x.add(c * xstride + i / 2);
+                let qx = _mm512_load_si512(xp.qx.as_ptr() as *const __m512i);
+                let start = _mm512_load_si512(xp.start.as_ptr() as *const __m512i);
+                let dx = _mm512_load_ps(xp.dx.as_ptr());
+                let p = _mm512_dpbusd_epi32(start, u, qx);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), *acc);
+                if T == Q4_1 {
+                    *acc = _mm512_fmadd_ps(m, _mm512_load_ps(xp.sx.as_ptr()), *acc);
+                }
             }
         }
         i += 2;
     }
-    reduce(acc)
-}
-
-/// The lanes of each accumulator added up.
-#[inline(always)]
-unsafe fn reduce<const R: usize>(acc: [__m512; R]) -> [f32; R] {
-    let mut out = [0f32; R];
-    for (o, a) in out.iter_mut().zip(acc) {
-        *o = _mm512_reduce_add_ps(a);
-    }
-    out
+    acc
 }
 
 /// One K-quant super-block's weights: four 64-byte pairs of sub-blocks as unsigned bytes (in [`XSuper`]'s
@@ -315,34 +310,38 @@ unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]
     (u, s, mins, d, -dmin)
 }
 
-/// Dot products of `R` K-quant rows with one packed activation row (`supers` super-blocks).
+/// Dot products of `R` K-quant rows with `C` packed activation rows (`xstride` super-blocks apart,
+/// `supers` super-blocks each): each super-block of weights is unpacked once for all the tokens.
 #[inline(always)]
-unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
+unsafe fn rows_dot_k_impl<const T: u8, const R: usize, const C: usize>(
     w: *const u8,
     stride: usize,
     x: *const XSuper,
+    xstride: usize,
     supers: usize,
-) -> [f32; R] {
+) -> [[__m512; C]; R] {
     let bb = block_bytes(T);
-    let mut acc = [_mm512_setzero_ps(); R];
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
     for sb in 0..supers {
-        let xp = &*x.add(sb);
         for (r, acc) in acc.iter_mut().enumerate() {
             let b = w.add(r * stride + sb * bb);
             prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
             let (u, s, m, d, dm) = unpack_super::<T>(b);
-            let mut sumi = _mm512_setzero_si512();
-            for ((u, q), s) in u.iter().zip(&xp.qs).zip(&s) {
-                let q = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
-                sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(*u, q), *s);
+            for (c, acc) in acc.iter_mut().enumerate() {
+                let xp = &*x.add(c * xstride + sb);
+                let mut sumi = _mm512_setzero_si512();
+                for ((u, q), s) in u.iter().zip(&xp.qs).zip(&s) {
+                    let q = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
+                    sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(*u, q), *s);
+                }
+                let mm = _mm256_madd_epi16(m, _mm256_loadu_si256(xp.bsum.as_ptr() as *const __m256i));
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d));
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), _mm512_set1_ps(dm), v);
+                *acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xp.d), *acc);
             }
-            let mm = _mm256_madd_epi16(m, _mm256_loadu_si256(xp.bsum.as_ptr() as *const __m256i));
-            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d));
-            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), _mm512_set1_ps(dm), v);
-            *acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xp.d), *acc);
         }
     }
-    reduce(acc)
+    acc
 }
 
 /// [`rows_dot_impl`]: `R` rows of a 32-element block type with a quantized activation row.
@@ -353,7 +352,7 @@ pub(super) unsafe fn rows_dot<const T: u8, const R: usize>(
     x: *const XPair,
     blocks: usize,
 ) -> [f32; R] {
-    rows_dot_impl::<T, R>(w, stride, x, blocks)
+    sums(&rows_dot_impl::<T, R, 1>(w, stride, x, 0, blocks)).map(|r| r[0])
 }
 
 /// [`rows_dot_k_impl`]: `R` K-quant rows with a packed activation row.
@@ -364,7 +363,66 @@ pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
     x: *const XSuper,
     supers: usize,
 ) -> [f32; R] {
-    rows_dot_k_impl::<T, R>(w, stride, x, supers)
+    sums(&rows_dot_k_impl::<T, R, 1>(w, stride, x, 0, supers)).map(|r| r[0])
+}
+
+/// Dot products of `rows` consecutive rows of type `T` (`row_bytes` apart, `blocks` 32-element blocks each)
+/// with `C` tokens' activations (packed [`XPair`]s for the 32-element types, [`XSuper`]s for the K-quants,
+/// `xstride` apart): `y[c·ystride + r]`. One row at a time, a sequential stream, each unpacked block serving
+/// every token; the sums of four rows are reduced together.
+///
+/// # Safety
+/// The CPU has these kernels' features; the rows, the `C` packed activation rows of `T`'s packing and the
+/// outputs lie inside their buffers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows_run<const T: u8, const C: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    xp: *const XPair,
+    xs: *const XSuper,
+    xstride: usize,
+    blocks: usize,
+    y: *mut f32,
+    ystride: usize,
+) {
+    let mut r = 0;
+    while r < rows {
+        let q = (rows - r).min(4);
+        let mut acc = [[_mm512_setzero_ps(); 4]; C];
+        for i in 0..q {
+            let row = w.add((r + i) * row_bytes);
+            let a = match T {
+                Q4K | Q5K | Q6K => rows_dot_k_impl::<T, 1, C>(row, row_bytes, xs, xstride, blocks / 8)[0],
+                _ => rows_dot_impl::<T, 1, C>(row, row_bytes, xp, xstride, blocks)[0],
+            };
+            for (acc, a) in acc.iter_mut().zip(a) {
+                acc[i] = a;
+            }
+        }
+        for (c, acc) in acc.iter().enumerate() {
+            let mut v = [0f32; 4];
+            _mm_storeu_ps(v.as_mut_ptr(), reduce4(acc));
+            std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(c * ystride + r), q);
+        }
+        r += q;
+    }
+}
+
+/// The lane sums of four accumulators, as the four lanes of one vector.
+#[inline(always)]
+unsafe fn reduce4(a: &[__m512; 4]) -> __m128 {
+    // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, d; then [a, b, c, d] partial
+    // sums in each 128-bit lane, and the four lanes added.
+    let ab = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    let cd = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    let abcd = _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(ab, cd), _mm512_shuffle_ps::<0b11_10_11_10>(ab, cd));
+    let h = _mm256_add_ps(
+        _mm512_castps512_ps256(abcd),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(abcd))),
+    );
+    _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h))
 }
 
 /// Whether this CPU runs these kernels.

@@ -138,6 +138,44 @@ fn check_fused_jobs(tier: Tier) {
     }
 }
 
+/// A short batch (`matvec_tokens_on`, 1 to 9 tokens: every count of the AVX-512 kernels' token chunks and
+/// their tails) gives each token what its own mat-vec on the same tier gives, up to float summation order.
+fn check_tokens(tier: Tier) {
+    for (rows, cols) in MATVEC_SHAPES {
+        for ty in TYPES {
+            let t = BlockType::of(ty).unwrap();
+            if cols % t.block_elems() != 0 {
+                continue;
+            }
+            let (w, _) = matrix(ty, rows, cols, rows as u64 * 3 + cols as u64);
+            for m in [1, 2, 3, 4, 5, 9] {
+                let blocks = cols / QK;
+                let mut xq = vec![Q8Block::default(); m * blocks];
+                for (c, q) in xq.chunks_exact_mut(blocks).enumerate() {
+                    quantize_row_q8_for(t, &random(cols, 40 + c as u64), q);
+                }
+                let mut y = vec![f32::NAN; m * rows];
+                matvec_tokens_on(tier, t, &w, rows, &xq, m, &mut y);
+                for (c, (q, yc)) in xq.chunks_exact(blocks).zip(y.chunks_exact(rows)).enumerate() {
+                    let mut alone = vec![0f32; rows];
+                    matvec_on(tier, t, &w, rows, q, &mut alone);
+                    for (r, (a, b)) in yc.iter().zip(&alone).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                            "{tier:?} {ty:?} {rows}x{cols}, {m} tokens: token {c} row {r}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_short_batches_match_one_matvec_per_token() {
+    check_tokens(Tier::Scalar);
+}
+
 #[test]
 fn scalar_fused_jobs_match_separate_products_bit_for_bit() {
     check_fused_jobs(Tier::Scalar);
@@ -149,6 +187,7 @@ fn check_tier(tier: Tier) {
     check_dequantization(tier);
     check_matvec(tier);
     check_fused_jobs(tier);
+    check_tokens(tier);
     check_batched(tier);
 }
 
