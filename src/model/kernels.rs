@@ -584,7 +584,7 @@ fn rows_dot_into(
 }
 
 mod batched;
-pub use batched::{int_matmul_name, int_matmul_supports, matmul, matmul_on};
+pub use batched::{int_matmul_min_rows, int_matmul_name, int_matmul_supports, matmul, matmul_on};
 
 #[cfg(test)]
 mod tests;

@@ -89,14 +89,6 @@ pub(crate) struct Linear {
 /// Decode steps (one row) and short forced-token batches keep the quantized mat-vec.
 pub(crate) const MATMUL_BATCH_MIN: usize = 16;
 
-/// The same threshold for the integer prefill (`kernels::matmul`): its tiles read each weight block once
-/// per 2 tokens after packing the weights once per call, where a short batch's mat-vec
-/// (`kernels::matvec_tokens`) reads each row once for all tokens and unpacks it once per row. Measured on
-/// Qwen 1.5B, 2 threads, Zen 5 (ms a forward, mat-vec against tiles): AVX-512 8 tokens 109 against 121,
-/// 12 tokens 150 against 152, 16 tokens 199 against 185; AVX2 8 tokens 194 against 227, 12 tokens 296
-/// against 275.
-pub(crate) const INT_BATCH_MIN: usize = 10;
-
 /// The same threshold for weights the AMX path takes. Its cost at small batches is preparing the weights
 /// (dequantize, round to bf16, lay out as tiles: ~0.1 s for all of Qwen 0.5B on 2 threads); measured on
 /// Qwen 0.5B, 2 threads, it matches the mat-vec kernel at 8 rows (74 tok/s each) and is 1.7× faster at 15.
@@ -159,7 +151,7 @@ impl Linear {
         };
         let min_rows = match (on_amx, on_int) {
             (true, _) => AMX_BATCH_MIN,
-            (_, true) => INT_BATCH_MIN,
+            (_, true) => kernels::int_matmul_min_rows(),
             _ => MATMUL_BATCH_MIN,
         };
         let batched = self.reference || rows >= min_rows;

@@ -185,8 +185,65 @@ unsafe fn unsigned_block<const T: u8>(row: *const u8, i: usize) -> __m256i {
     }
 }
 
+/// Writes the unsigned bytes of up to 8 blocks (`u[b]`, 32 each; `n` of them, the rest zero) into a group's
+/// interleaved lanes ([`WGroup::set_block`]'s layout: lane `2b + h` of `u[j]` holds word `4h + j` of block
+/// `b`) with register shuffles: each block's words reordered to pairs `(j, 4 + j)`, then a 4 × 4 transpose
+/// of those 64-bit pairs per 4 blocks.
+#[inline(always)]
+unsafe fn put_blocks(u: &[__m256i; 8], g: &mut WGroup) {
+    let pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for half in 0..2 {
+        let v: [__m256i; 4] = [
+            _mm256_permutevar8x32_epi32(u[4 * half], pairs),
+            _mm256_permutevar8x32_epi32(u[4 * half + 1], pairs),
+            _mm256_permutevar8x32_epi32(u[4 * half + 2], pairs),
+            _mm256_permutevar8x32_epi32(u[4 * half + 3], pairs),
+        ];
+        let (t0, t1) = (_mm256_unpacklo_epi64(v[0], v[1]), _mm256_unpackhi_epi64(v[0], v[1]));
+        let (t2, t3) = (_mm256_unpacklo_epi64(v[2], v[3]), _mm256_unpackhi_epi64(v[2], v[3]));
+        let out = [
+            _mm256_permute2x128_si256::<0x20>(t0, t2),
+            _mm256_permute2x128_si256::<0x20>(t1, t3),
+            _mm256_permute2x128_si256::<0x31>(t0, t2),
+            _mm256_permute2x128_si256::<0x31>(t1, t3),
+        ];
+        for (j, o) in out.into_iter().enumerate() {
+            _mm256_storeu_si256(g.u[j].as_mut_ptr().add(8 * half) as *mut __m256i, o);
+        }
+    }
+}
+
+/// Each of 8 bytes repeated `N` times (`N` = 2 or 4) as 16-bit lanes: 16 lanes for `N = 2` (the first
+/// vector), 32 for `N = 4`.
+#[inline(always)]
+unsafe fn spread_bytes<const N: usize>(v: [u8; 8]) -> [__m256i; 2] {
+    const fn picks(n: usize, from: usize) -> [i8; 16] {
+        let mut p = [0i8; 16];
+        let mut i = 0;
+        while i < 16 {
+            p[i] = ((i + from) / n) as i8;
+            i += 1;
+        }
+        p
+    }
+    const P2: [i8; 16] = picks(2, 0);
+    const P4: [[i8; 16]; 2] = [picks(4, 0), picks(4, 16)];
+    let x = _mm_set_epi64x(0, i64::from_le_bytes(v));
+    let (lo, hi) = if N == 2 { (P2, P2) } else { (P4[0], P4[1]) };
+    let lo = _mm_shuffle_epi8(x, _mm_loadu_si128(lo.as_ptr() as *const __m128i));
+    let hi = _mm_shuffle_epi8(x, _mm_loadu_si128(hi.as_ptr() as *const __m128i));
+    [_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi)]
+}
+
+/// Eight unsigned 16-bit lanes as floats.
+#[inline(always)]
+unsafe fn widen(v: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(v))
+}
+
 /// Packs rows for the batched product like `super::super::avx512::pack_weight_groups_portable`, unpacking the
-/// bytes with AVX2 (the scales come from the portable code, once per block).
+/// bytes with AVX2 and interleaving them in registers ([`put_blocks`]); the scales of the 32-element types
+/// come from the portable code once per block, the K-quants' once per super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_weight_groups_impl<const T: u8>(
     t: BlockType,
@@ -199,13 +256,52 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
     let groups = blocks.div_ceil(8);
     out.clear();
     out.resize(rows * groups, WGroup::ZERO);
-    let mut words = [0u32; 8];
     for r in 0..rows {
         let row = &w[r * row_bytes..(r + 1) * row_bytes];
-        for i in 0..blocks {
-            _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, unsigned_block::<T>(row.as_ptr(), i));
-            let (d, c) = super::super::block_scales(t, row, i);
-            out[r * groups + i / 8].set_block(i % 8, &words, d, c);
+        for gi in 0..groups {
+            let g = &mut out[r * groups + gi];
+            let n = (blocks - 8 * gi).min(8);
+            let mut u = [_mm256_setzero_si256(); 8];
+            for (b, u) in u.iter_mut().enumerate().take(n) {
+                *u = unsigned_block::<T>(row.as_ptr(), 8 * gi + b);
+            }
+            put_blocks(&u, g);
+            match T {
+                Q6K => {
+                    // Lane `2s + h` takes scale `2s + h`: the 16 scales in order, times `d`.
+                    let b = row.as_ptr().add(gi * block_bytes(T));
+                    let d = _mm256_set1_ps(f16(b.add(208)));
+                    let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
+                    let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+                    let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)));
+                    _mm256_storeu_ps(g.d.as_mut_ptr(), _mm256_mul_ps(d, lo));
+                    _mm256_storeu_ps(g.d.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
+                }
+                Q4K | Q5K => {
+                    let b = row.as_ptr().add(gi * block_bytes(T));
+                    let (d, dmin) = (f16(b), f16(b.add(2)));
+                    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+                    let (sc, mn) = (spread_bytes::<2>(sc)[0], spread_bytes::<2>(mn)[0]);
+                    for (h, at) in [(0, 0), (1, 8)] {
+                        let (s, m) = if h == 0 {
+                            (_mm256_castsi256_si128(sc), _mm256_castsi256_si128(mn))
+                        } else {
+                            (_mm256_extracti128_si256::<1>(sc), _mm256_extracti128_si256::<1>(mn))
+                        };
+                        _mm256_storeu_ps(g.d.as_mut_ptr().add(at), _mm256_mul_ps(_mm256_set1_ps(d), widen(s)));
+                        _mm256_storeu_ps(g.c.as_mut_ptr().add(at), _mm256_mul_ps(_mm256_set1_ps(-dmin), widen(m)));
+                    }
+                }
+                _ => {
+                    for b in 0..n {
+                        let (d, c) = super::super::block_scales(t, row, 8 * gi + b);
+                        g.d[2 * b] = d[0];
+                        g.d[2 * b + 1] = d[1];
+                        g.c[2 * b] = c;
+                        g.c[2 * b + 1] = c;
+                    }
+                }
+            }
         }
     }
 }
@@ -223,26 +319,29 @@ unsafe fn pack_weight_supers_int<const T: u8>(
     let bb = block_bytes(T);
     out.clear();
     out.resize(rows * supers, WGroup::ZERO);
-    let mut words = [0u32; 8];
     for r in 0..rows {
         let row = w[r * row_bytes..(r + 1) * row_bytes].as_ptr();
         for sb in 0..supers {
             let b = row.add(sb * bb);
             let g = &mut out[r * supers + sb];
-            for s in 0..8 {
-                _mm256_storeu_si256(words.as_mut_ptr() as *mut __m256i, unsigned_block::<T>(row, 8 * sb + s));
-                g.set_block(s, &words, [0.0; 2], 0.0);
+            let mut u = [_mm256_setzero_si256(); 8];
+            for (s, u) in u.iter_mut().enumerate() {
+                *u = unsigned_block::<T>(row, 8 * sb + s);
             }
-            // Each lane's integer scale and minimum, and the super-block's scale.
+            put_blocks(&u, g);
+            // Each lane's integer scale (twice: both 16-bit halves of the lane), its minimum, and the
+            // super-block's scale.
             let (d, dmin) = (f16(b), f16(b.add(2)));
             let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-            let lanes: [(i16, f32); 16] = std::array::from_fn(|l| (sc[l / 2] as i16, -dmin * mn[l / 2] as f32));
-            for (l, (k, c)) in lanes.into_iter().enumerate() {
-                g.k[2 * l] = k;
-                g.k[2 * l + 1] = k;
-                g.c[l] = c;
-                g.d[l] = d;
-            }
+            let k = spread_bytes::<4>(sc);
+            _mm256_storeu_si256(g.k.as_mut_ptr() as *mut __m256i, k[0]);
+            _mm256_storeu_si256(g.k.as_mut_ptr().add(16) as *mut __m256i, k[1]);
+            let m = spread_bytes::<2>(mn)[0];
+            let neg = _mm256_set1_ps(-dmin);
+            _mm256_storeu_ps(g.c.as_mut_ptr(), _mm256_mul_ps(neg, widen(_mm256_castsi256_si128(m))));
+            _mm256_storeu_ps(g.c.as_mut_ptr().add(8), _mm256_mul_ps(neg, widen(_mm256_extracti128_si256::<1>(m))));
+            _mm256_storeu_ps(g.d.as_mut_ptr(), _mm256_set1_ps(d));
+            _mm256_storeu_ps(g.d.as_mut_ptr().add(8), _mm256_set1_ps(d));
         }
     }
 }
