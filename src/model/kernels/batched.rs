@@ -46,7 +46,7 @@ fn int_matmul_on(tier: Tier, t: BlockType) -> bool {
 
 /// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` (f32, row-major) and `w` the `n × k` matrix of
 /// type `t` in GGUF block layout: the integer prefill. Each row of `x` is quantized to 8 bits as for
-/// decode; tiles of weight rows × tokens (4 × 2 on AVX-512, 2 × 2 on AVX2 and AVX-VNNI) use each unpacked
+/// decode; tiles of weight rows × tokens (4 × 3 on AVX-512, 2 × 2 on AVX2 and AVX-VNNI) use each unpacked
 /// weight group for every token of the tile, with the tokens taken a pass at a time so that their
 /// activations stay in L2 while a worker's rows go over them. The scalar tier, and Q8_0 on plain AVX2,
 /// run one mat-vec per token (the reference the tests compare against).
@@ -85,9 +85,11 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
 const ROWS_PER_ITEM: usize = 16;
 #[cfg(target_arch = "x86_64")]
 const PASS_BYTES: usize = 256 * 1024;
-/// Rows and tokens of a tile: AVX-512 (32 registers) and AVX2 (16).
+/// Rows and tokens of a tile: AVX-512 (32 registers: 12 sums, 12 accumulators, 4 weight vectors; 4 × 3
+/// measured 10-12% faster than 4 × 2 on 8960-wide rows, 3 × 4 slower: 16-row work items leave a 1-row tail)
+/// and AVX2 (16).
 #[cfg(target_arch = "x86_64")]
-const TILE_512: (usize, usize) = (4, 2);
+const TILE_512: (usize, usize) = (4, 3);
 #[cfg(target_arch = "x86_64")]
 const TILE_256: (usize, usize) = (2, 2);
 
@@ -194,7 +196,7 @@ fn matmul_groups(
     }
     let y_ptr = y.as_mut_ptr() as usize;
     let tile = if tier == Tier::Avx512 { TILE_512 } else { TILE_256 };
-    let per_pass = (PASS_BYTES / (groups * std::mem::size_of::<XGroup>())).clamp(8, 128) & !1;
+    let per_pass = (PASS_BYTES / (groups * std::mem::size_of::<XGroup>())).clamp(8, 128) / tile.1 * tile.1;
     crate::model::pool::pool().for_chunks(n.div_ceil(ROWS_PER_ITEM), |items| {
         let first = items.start * ROWS_PER_ITEM;
         let last = n.min(items.end * ROWS_PER_ITEM);
@@ -216,6 +218,8 @@ fn matmul_groups(
                 // Every shape `for_tiles` can hand out for TILE_512 and TILE_256 (a new tile size needs its
                 // arms: the batched tests then fail loudly rather than skip rows or tokens).
                 match (rr, cc) {
+                    (4, 3) => store_tile(group_tile::<4, 3>(tier, t, wp, xp, groups), y, n, r, c),
+                    (1, 3) => store_tile(group_tile::<1, 3>(tier, t, wp, xp, groups), y, n, r, c),
                     (4, 2) => store_tile(group_tile::<4, 2>(tier, t, wp, xp, groups), y, n, r, c),
                     (4, 1) => store_tile(group_tile::<4, 1>(tier, t, wp, xp, groups), y, n, r, c),
                     (2, 2) => store_tile(group_tile::<2, 2>(tier, t, wp, xp, groups), y, n, r, c),
