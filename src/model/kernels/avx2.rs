@@ -7,7 +7,7 @@ use super::avx512::{WGroup, XGroup};
 use super::{BlockType, Q8Block};
 
 mod tiles;
-pub(super) use tiles::{pack_weight_groups, tile_groups, tile_groups_vnni};
+pub(super) use tiles::{pack_weight_groups, put_blocks, put_super_scales, tile_groups, tile_groups_vnni};
 
 // Type codes for the const-generic kernels (a `match` on them folds away).
 pub(super) const Q4_0: u8 = 0;

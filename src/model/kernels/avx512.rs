@@ -458,6 +458,7 @@ impl WGroup {
     /// Puts block `b` (0..8) in its two lanes: its 32 unsigned bytes as 8 little-endian words (word `i`
     /// holds elements `4i .. 4i + 4`), the scales of its two 16-element halves, and its minimum.
     #[inline(always)]
+    #[cfg(test)]
     pub(super) fn set_block(&mut self, b: usize, words: &[u32], d: [f32; 2], c: f32) {
         for h in 0..2 {
             for j in 0..4 {
@@ -539,17 +540,24 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
     let groups = blocks.div_ceil(GROUP);
     out.clear();
     out.resize(rows * groups, WGroup::ZERO);
-    let mut bytes = [0u32; 16];
     for r in 0..rows {
         let row = w.add(r * row_bytes);
-        for i in (0..blocks).step_by(2) {
-            let single = i + 1 == blocks;
-            let (u, d, c) = unpack_pair_scaled::<T>(row.add(i * bb), single);
-            _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, u);
-            let g = &mut out[r * groups + i / GROUP];
-            for k in 0..if single { 1 } else { 2 } {
-                g.set_block((i + k) % GROUP, &bytes[8 * k..8 * k + 8], [d[k]; 2], c[k]);
+        for gi in 0..groups {
+            let g = &mut out[r * groups + gi];
+            let mut u = [_mm256_setzero_si256(); GROUP];
+            for i in (GROUP * gi..blocks.min(GROUP * (gi + 1))).step_by(2) {
+                let single = i + 1 == blocks;
+                let (pair, d, c) = unpack_pair_scaled::<T>(row.add(i * bb), single);
+                let k = i % GROUP;
+                u[k] = _mm512_castsi512_si256(pair);
+                // A lone last block leaves its partner zero (Q8_0's unpacking would make it 128s).
+                u[k + 1] = if single { _mm256_setzero_si256() } else { _mm512_extracti64x4_epi64::<1>(pair) };
+                for h in 0..2 {
+                    g.d[2 * (k + h)..2 * (k + h) + 2].fill(d[h]);
+                    g.c[2 * (k + h)..2 * (k + h) + 2].fill(c[h]);
+                }
             }
+            super::avx2::put_blocks(&u, g);
         }
     }
 }
@@ -569,35 +577,19 @@ unsafe fn pack_weight_supers_impl<const T: u8>(
     out.clear();
     out.resize(rows * supers, WGroup::ZERO);
     let order: [usize; 8] = if T == Q6K { [0, 1, 2, 3, 4, 5, 6, 7] } else { [0, 2, 1, 3, 4, 6, 5, 7] };
-    let mut bytes = [0u32; 16];
     for r in 0..rows {
         for sb in 0..supers {
             let b = w.add(r * row_bytes + sb * bb);
             let (u, ..) = unpack_super::<T>(b);
-            // Each sub-block's scales and minimum: Q6_K's 16-element scales per half, Q4_K/Q5_K's 6-bit
-            // scale and minimum per sub-block.
-            let (mut d, mut c) = ([[0f32; 2]; 8], [0f32; 8]);
-            if T == Q6K {
-                let scale = f16(b.add(208));
-                for (l, d) in d.as_flattened_mut().iter_mut().enumerate() {
-                    *d = scale * *(b.add(192 + l) as *const i8) as f32;
-                }
-            } else {
-                let (scale, dmin) = (f16(b), f16(b.add(2)));
-                let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-                for s in 0..8 {
-                    d[s] = [scale * sc[s] as f32; 2];
-                    c[s] = -dmin * mn[s] as f32;
-                }
+            // Each 512-bit vector holds two sub-blocks, `order[2j]` and `order[2j + 1]`.
+            let mut blocks = [_mm256_setzero_si256(); 8];
+            for (j, u) in u.iter().enumerate() {
+                blocks[order[2 * j]] = _mm512_castsi512_si256(*u);
+                blocks[order[2 * j + 1]] = _mm512_extracti64x4_epi64::<1>(*u);
             }
             let g = &mut out[r * supers + sb];
-            for (j, u) in u.iter().enumerate() {
-                _mm512_storeu_si512(bytes.as_mut_ptr() as *mut __m512i, *u);
-                for k in 0..2 {
-                    let s = order[2 * j + k];
-                    g.set_block(s, &bytes[8 * k..8 * k + 8], d[s], c[s]);
-                }
-            }
+            super::avx2::put_blocks(&blocks, g);
+            super::avx2::put_super_scales::<T>(b, g);
         }
     }
 }

@@ -186,11 +186,11 @@ unsafe fn unsigned_block<const T: u8>(row: *const u8, i: usize) -> __m256i {
 }
 
 /// Writes the unsigned bytes of up to 8 blocks (`u[b]`, 32 each; `n` of them, the rest zero) into a group's
-/// interleaved lanes ([`WGroup::set_block`]'s layout: lane `2b + h` of `u[j]` holds word `4h + j` of block
+/// interleaved lanes (`WGroup::set_block`'s layout: lane `2b + h` of `u[j]` holds word `4h + j` of block
 /// `b`) with register shuffles: each block's words reordered to pairs `(j, 4 + j)`, then a 4 × 4 transpose
 /// of those 64-bit pairs per 4 blocks.
 #[inline(always)]
-unsafe fn put_blocks(u: &[__m256i; 8], g: &mut WGroup) {
+pub(in crate::model::kernels) unsafe fn put_blocks(u: &[__m256i; 8], g: &mut WGroup) {
     let pairs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for half in 0..2 {
         let v: [__m256i; 4] = [
@@ -241,6 +241,35 @@ unsafe fn widen(v: __m128i) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(v))
 }
 
+/// A K-quant super-block's float scales (and Q4_K/Q5_K's minimums) in a group's lanes: Q6_K's 16-element
+/// scales in order (lane `2s + h`), Q4_K/Q5_K's sub-block scale and minimum in both lanes of the
+/// sub-block.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C, and `b` is a whole super-block of type `T` (Q4_K, Q5_K or Q6_K).
+#[inline(always)]
+pub(in crate::model::kernels) unsafe fn put_super_scales<const T: u8>(b: *const u8, g: &mut WGroup) {
+    if T == Q6K {
+        let d = _mm256_set1_ps(f16(b.add(208)));
+        let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
+        let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
+        let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)));
+        _mm256_storeu_ps(g.d.as_mut_ptr(), _mm256_mul_ps(d, lo));
+        _mm256_storeu_ps(g.d.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
+        return;
+    }
+    let (d, dmin) = (_mm256_set1_ps(f16(b)), _mm256_set1_ps(-f16(b.add(2))));
+    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+    let (sc, mn) = (spread_bytes::<2>(sc)[0], spread_bytes::<2>(mn)[0]);
+    // (No closure for the halves: it would not inherit the target features.)
+    let s = [_mm256_castsi256_si128(sc), _mm256_extracti128_si256::<1>(sc)];
+    let m = [_mm256_castsi256_si128(mn), _mm256_extracti128_si256::<1>(mn)];
+    for h in 0..2 {
+        _mm256_storeu_ps(g.d.as_mut_ptr().add(8 * h), _mm256_mul_ps(d, widen(s[h])));
+        _mm256_storeu_ps(g.c.as_mut_ptr().add(8 * h), _mm256_mul_ps(dmin, widen(m[h])));
+    }
+}
+
 /// Packs rows for the batched product like `super::super::avx512::pack_weight_groups_portable`, unpacking the
 /// bytes with AVX2 and interleaving them in registers ([`put_blocks`]); the scales of the 32-element types
 /// come from the portable code once per block, the K-quants' once per super-block.
@@ -267,31 +296,7 @@ unsafe fn pack_weight_groups_impl<const T: u8>(
             }
             put_blocks(&u, g);
             match T {
-                Q6K => {
-                    // Lane `2s + h` takes scale `2s + h`: the 16 scales in order, times `d`.
-                    let b = row.as_ptr().add(gi * block_bytes(T));
-                    let d = _mm256_set1_ps(f16(b.add(208)));
-                    let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
-                    let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc));
-                    let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)));
-                    _mm256_storeu_ps(g.d.as_mut_ptr(), _mm256_mul_ps(d, lo));
-                    _mm256_storeu_ps(g.d.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
-                }
-                Q4K | Q5K => {
-                    let b = row.as_ptr().add(gi * block_bytes(T));
-                    let (d, dmin) = (f16(b), f16(b.add(2)));
-                    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-                    let (sc, mn) = (spread_bytes::<2>(sc)[0], spread_bytes::<2>(mn)[0]);
-                    for (h, at) in [(0, 0), (1, 8)] {
-                        let (s, m) = if h == 0 {
-                            (_mm256_castsi256_si128(sc), _mm256_castsi256_si128(mn))
-                        } else {
-                            (_mm256_extracti128_si256::<1>(sc), _mm256_extracti128_si256::<1>(mn))
-                        };
-                        _mm256_storeu_ps(g.d.as_mut_ptr().add(at), _mm256_mul_ps(_mm256_set1_ps(d), widen(s)));
-                        _mm256_storeu_ps(g.c.as_mut_ptr().add(at), _mm256_mul_ps(_mm256_set1_ps(-dmin), widen(m)));
-                    }
-                }
+                Q6K | Q4K | Q5K => put_super_scales::<T>(row.as_ptr().add(gi * block_bytes(T)), g),
                 _ => {
                     for b in 0..n {
                         let (d, c) = super::super::block_scales(t, row, 8 * gi + b);
