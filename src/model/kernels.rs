@@ -275,9 +275,9 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
 
 /// `y[c·rows + r] = W[r] · x_c` for the `m` activation rows of `x` (`m` × blocks, token after token): a
 /// short batch (forced tokens, a few tokens of a prompt) with each weight row read from memory once for all
-/// the tokens, where one mat-vec per token would read the whole matrix `m` times. On AVX-512 each
-/// unpacked block also serves every token; the other tiers run the row's mat-vec kernel once per token
-/// while the row is in L1.
+/// the tokens, where one mat-vec per token would read the whole matrix `m` times. Rows go four at a time
+/// with every token before the next four: on AVX-512 each unpacked block serves up to 4 tokens; the other
+/// tiers run the rows' mat-vec kernel once per token while the rows are in L1. One token is [`matvec`].
 pub fn matvec_tokens(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], m: usize, y: &mut [f32]) {
     matvec_tokens_on(Tier::best(), t, w, rows, x, m, y)
 }
@@ -285,7 +285,10 @@ pub fn matvec_tokens(t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], m: usiz
 /// [`matvec_tokens`] on a given tier, which must be one of [`Tier::supported`].
 pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8Block], m: usize, y: &mut [f32]) {
     assert!(Tier::supported().contains(&tier), "{tier:?} kernels are not supported on this CPU");
-    assert!(m > 0 && x.len().is_multiple_of(m), "{} activation blocks are not {m} whole rows", x.len());
+    assert!(m > 0 && !x.is_empty() && x.len().is_multiple_of(m), "{} activation blocks are not {m} rows", x.len());
+    if m == 1 {
+        return matvec_on(tier, t, w, rows, x, y);
+    }
     let blocks = x.len() / m;
     let cols = blocks * QK;
     assert_eq!(cols % t.block_elems(), 0, "{cols} columns are not whole {t:?} blocks");
@@ -310,14 +313,14 @@ pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8
         // SAFETY: work items are disjoint row ranges, and every token's output row holds all `rows`.
         unsafe { rows_tokens_into(tier, t, w, row_bytes, first..last, x, m, &packed, y_ptr as *mut f32, rows) };
     };
-    if w.len() < 64 * 1024 {
+    if w.len() * m < 64 * 1024 {
         run(0..rows.div_ceil(ROWS_PER_ITEM));
     } else {
         crate::model::pool::pool().for_chunks(rows.div_ceil(ROWS_PER_ITEM), run);
     }
 }
 
-/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`.
+/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`, four rows at a time.
 ///
 /// # Safety
 /// `y` holds `m · n` floats, `rows` lie inside both `w` and `0..n`, and no other thread writes these rows.
@@ -343,31 +346,35 @@ unsafe fn rows_tokens_into(
         let xstride = if k_quant { blocks / 8 } else { blocks.div_ceil(2) };
         let whole = if k_quant { packed.supers.len() } else { packed.pairs.len() } == m * xstride;
         assert!(whole, "the activations are packed for {t:?}");
-        let mut c = 0;
-        while c < m {
-            let (xp, xs) = (packed.pairs.as_ptr().add(c * xstride), packed.supers.as_ptr().add(c * xstride));
-            let (row, yc) = (w.as_ptr().add(rows.start * row_bytes), y.add(c * n + rows.start));
-            let count = rows.len();
-            macro_rules! run {
-                ($c:literal) => {{
-                    let f = match code(t) {
-                        Q4_0 => avx512::rows_run::<Q4_0, $c>,
-                        Q4_1 => avx512::rows_run::<Q4_1, $c>,
-                        Q5_0 => avx512::rows_run::<Q5_0, $c>,
-                        Q8_0 => avx512::rows_run::<Q8_0, $c>,
-                        Q4K => avx512::rows_run::<Q4K, $c>,
-                        Q5K => avx512::rows_run::<Q5K, $c>,
-                        _ => avx512::rows_run::<Q6K, $c>,
-                    };
-                    f(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
-                    c += $c;
-                }};
-            }
-            match m - c {
-                1 => run!(1),
-                2 => run!(2),
-                3 => run!(3),
-                _ => run!(4),
+        for r in rows.clone().step_by(4) {
+            let count = (rows.end - r).min(4);
+            let mut c = 0;
+            while c < m {
+                // Only the packing of `t`'s kind is filled; the other pointer is passed along unread.
+                let (xp, xs) =
+                    (packed.pairs.as_ptr().wrapping_add(c * xstride), packed.supers.as_ptr().wrapping_add(c * xstride));
+                let (row, yc) = (w.as_ptr().add(r * row_bytes), y.add(c * n + r));
+                macro_rules! run {
+                    ($c:literal) => {{
+                        let f = match code(t) {
+                            Q4_0 => avx512::rows_run::<Q4_0, $c>,
+                            Q4_1 => avx512::rows_run::<Q4_1, $c>,
+                            Q5_0 => avx512::rows_run::<Q5_0, $c>,
+                            Q8_0 => avx512::rows_run::<Q8_0, $c>,
+                            Q4K => avx512::rows_run::<Q4K, $c>,
+                            Q5K => avx512::rows_run::<Q5K, $c>,
+                            _ => avx512::rows_run::<Q6K, $c>,
+                        };
+                        f(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
+                        c += $c;
+                    }};
+                }
+                match m - c {
+                    1 => run!(1),
+                    2 => run!(2),
+                    3 => run!(3),
+                    _ => run!(4),
+                }
             }
         }
         return;
@@ -376,29 +383,38 @@ unsafe fn rows_tokens_into(
     #[cfg(target_arch = "x86_64")]
     if tier != Tier::Scalar {
         use avx2::*;
-        for r in rows {
-            let row = w.as_ptr().add(r * row_bytes);
+        // Short rows four at a time (sharing each activation load), as the mat-vec takes them.
+        let four = !one_row_at_a_time(tier, t, row_bytes);
+        let mut r = rows.start;
+        while r < rows.end {
+            let base = w.as_ptr().add(r * row_bytes);
+            let step = if four && rows.end - r >= 4 { 4 } else { 1 };
             for (c, xc) in x.chunks_exact(blocks).enumerate() {
-                macro_rules! one {
+                macro_rules! dot {
                     ($f:ident, $code:expr) => {
-                        $f::<{ $code }, 1>(row, row_bytes, xc)[0]
+                        if step == 4 {
+                            let v = $f::<{ $code }, 4>(base, row_bytes, xc);
+                            std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(c * n + r), 4);
+                        } else {
+                            *y.add(c * n + r) = $f::<{ $code }, 1>(base, row_bytes, xc)[0];
+                        }
                     };
                 }
-                let v = match (code(t), tier == Tier::AvxVnni) {
-                    (Q4_0, false) => one!(rows_dot, Q4_0),
-                    (Q4_1, false) => one!(rows_dot, Q4_1),
-                    (Q5_0, false) => one!(rows_dot, Q5_0),
-                    (Q8_0, false) => one!(rows_dot, Q8_0),
-                    (Q4_0, true) => one!(rows_dot_vnni, Q4_0),
-                    (Q4_1, true) => one!(rows_dot_vnni, Q4_1),
-                    (Q5_0, true) => one!(rows_dot_vnni, Q5_0),
-                    (Q8_0, true) => one!(rows_dot_vnni, Q8_0),
-                    (Q4K, _) => one!(rows_dot_k, Q4K),
-                    (Q5K, _) => one!(rows_dot_k, Q5K),
-                    (_, _) => one!(rows_dot_k, Q6K),
-                };
-                *y.add(c * n + r) = v;
+                match (code(t), tier == Tier::AvxVnni) {
+                    (Q4_0, false) => dot!(rows_dot, Q4_0),
+                    (Q4_1, false) => dot!(rows_dot, Q4_1),
+                    (Q5_0, false) => dot!(rows_dot, Q5_0),
+                    (Q8_0, false) => dot!(rows_dot, Q8_0),
+                    (Q4_0, true) => dot!(rows_dot_vnni, Q4_0),
+                    (Q4_1, true) => dot!(rows_dot_vnni, Q4_1),
+                    (Q5_0, true) => dot!(rows_dot_vnni, Q5_0),
+                    (Q8_0, true) => dot!(rows_dot_vnni, Q8_0),
+                    (Q4K, _) => dot!(rows_dot_k, Q4K),
+                    (Q5K, _) => dot!(rows_dot_k, Q5K),
+                    (_, _) => dot!(rows_dot_k, Q6K),
+                }
             }
+            r += step;
         }
         return;
     }

@@ -268,6 +268,9 @@ fn block_matvec(t: BlockType, w: &[u8], (n, k): (usize, usize), x: &Tensor) -> R
     let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
     let rows = xs.len() / k;
     let mut y = vec![0f32; rows * n];
+    if rows == 0 {
+        return shaped_like(x, y, n);
+    }
     let blocks = k / kernels::QK;
     let mut xq = vec![Q8Block::default(); rows * blocks];
     for (xr, q) in xs.chunks_exact(k).zip(xq.chunks_exact_mut(blocks)) {

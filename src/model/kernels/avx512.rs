@@ -1,7 +1,8 @@
 //! The AVX-512 kernels (F + BW + VL + VNNI), for CPUs such as AMD Zen 4/5 and Intel Xeons before AMX.
 //!
-//! Decode multiplies `R` weight rows at a time with one activation row; a 512-bit register holds two
-//! 32-element blocks (or two K-quant sub-blocks):
+//! Decode multiplies `R` weight rows at a time with one activation row, and a short batch ([`rows_run`])
+//! one row at a time with up to 4 tokens' rows; a 512-bit register holds two 32-element blocks (or two
+//! K-quant sub-blocks):
 //! - 32-element block types: `vpdpbusd` of the unsigned weights with the 8-bit activations gives 8 partial
 //!   sums per block, converted to f32 and scaled by `d_w·d_x` per lane; the types' offsets and minimums
 //!   (`Σ w·x = d_w·d_x·Σ u·qx + c·d_x·Σ qx`) are one more FMA per pair of blocks. Q8_0's signed weights
@@ -160,13 +161,14 @@ unsafe fn pair_scales(b: *const u8, b1: *const u8, single: bool) -> __m512 {
 }
 
 /// Dot products of `R` rows of a 32-element block type (`stride` bytes apart, `blocks` blocks each) with
-/// one quantized activation row.
+/// `C` tokens' packed activation rows (`xstride` pairs apart), as unreduced accumulators; each unpacked
+/// pair of weight blocks serves every token.
 ///
 /// Q4_0, Q5_0 and Q8_0 weights are `d·(q − o)` with unsigned `q` and a fixed offset `o` (8, 16; Q8_0's
 /// signed bytes made unsigned by +128, `o` = 128): per block the
 /// product is `d·d_x·(Σ q·q_x − o·Σ q_x)`, and `o·q_x` summed as `vpdpbusd` sums it (packed once per
 /// token, [`XPair`]) starts each row's accumulation negated, so a pair costs one `vpdpbusd`, one
-/// conversion and one FMA per row. Q4_1's minimum (`d·q + m`) adds `m·d_x·Σ q_x` per
+/// conversion and one FMA per row and token. Q4_1's minimum (`d·q + m`) adds `m·d_x·Σ q_x` per
 /// block with a second FMA.
 #[inline(always)]
 unsafe fn rows_dot_impl<const T: u8, const R: usize, const C: usize>(

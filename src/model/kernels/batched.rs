@@ -11,8 +11,8 @@ pub fn int_matmul_supports(t: BlockType) -> bool {
 }
 
 /// The batch from which [`matmul`]'s tiles beat a short batch's mat-vec ([`super::matvec_tokens`]) on the
-/// best tier here. The tiles read each weight block once per 2 tokens after packing the weights once per
-/// call; the short batch reads each row once for all its tokens and (on AVX-512) unpacks each block once
+/// best tier here. The tiles read each weight block once per 3 tokens (AVX-512; 2 on the 256-bit tiers)
+/// after packing the weights once per call; the short batch reads each row once for all its tokens and (on AVX-512) unpacks each block once
 /// for them all, but the 256-bit tiers run the row's mat-vec again per token. Measured on Qwen 1.5B, 2
 /// threads, Zen 5 (ms a forward, tiles against mat-vec): AVX-512 8 tokens 121 against 109, 12 tokens 152
 /// against 150, 16 tokens 185 against 199; AVX2 2 tokens 80 against 62, 4 tokens 107 against 117, 8
@@ -93,7 +93,8 @@ const TILE_512: (usize, usize) = (4, 3);
 #[cfg(target_arch = "x86_64")]
 const TILE_256: (usize, usize) = (2, 2);
 
-/// Runs `cell(r, c, rr, cc)` over the `rr × cc` tiles (the given size, with 1-wide tails) covering rows
+/// Runs `cell(r, c, rr, cc)` over the `rr × cc` tiles (the given size; 1-row tails, and token tails as wide
+/// as the tokens left) covering rows
 /// `first..last` and all `m` tokens, `per_pass` tokens at a time.
 #[cfg(target_arch = "x86_64")]
 fn for_tiles(
@@ -111,7 +112,7 @@ fn for_tiles(
             let rr = if last - r >= tile_rows { tile_rows } else { 1 };
             let mut c = c0;
             while c < c1 {
-                let cc = if c1 - c >= tile_tokens { tile_tokens } else { 1 };
+                let cc = (c1 - c).min(tile_tokens);
                 cell(r, c, rr, cc);
                 c += cc;
             }

@@ -53,7 +53,8 @@ fn check_dequantization(tier: Tier) {
 
 /// Odd shapes: 1 block, many blocks, row counts that are not multiples of the work item, big enough
 /// matrices to go through the worker pool, short and long rows.
-const MATVEC_SHAPES: [(usize, usize); 7] = [(1, 32), (7, 64), (33, 800), (300, 1024), (1, 256), (9, 768), (37, 2304)];
+const MATVEC_SHAPES: [(usize, usize); 8] =
+    [(1, 32), (7, 64), (33, 800), (300, 1024), (1, 256), (9, 768), (37, 2304), (6, 256)];
 
 #[test]
 fn scalar_matches_dequantized_f32() {
@@ -138,8 +139,8 @@ fn check_fused_jobs(tier: Tier) {
     }
 }
 
-/// A short batch (`matvec_tokens_on`, 1 to 9 tokens: every count of the AVX-512 kernels' token chunks and
-/// their tails) gives each token what its own mat-vec on the same tier gives, up to float summation order.
+/// A short batch (`matvec_tokens_on`, 1 to 9 tokens: every count of the AVX-512 kernels' token chunks, also
+/// after a first chunk of 4; row runs ending in 1, 2, 3 or 4 rows) gives each token what its own mat-vec on the same tier gives, up to float summation order.
 fn check_tokens(tier: Tier) {
     for (rows, cols) in MATVEC_SHAPES {
         for ty in TYPES {
@@ -148,7 +149,7 @@ fn check_tokens(tier: Tier) {
                 continue;
             }
             let (w, _) = matrix(ty, rows, cols, rows as u64 * 3 + cols as u64);
-            for m in [1, 2, 3, 4, 5, 9] {
+            for m in [1, 2, 3, 4, 5, 6, 7, 9] {
                 let blocks = cols / QK;
                 let mut xq = vec![Q8Block::default(); m * blocks];
                 for (c, q) in xq.chunks_exact_mut(blocks).enumerate() {
@@ -228,7 +229,7 @@ fn q4k_scales_unpack_all_at_once_as_one_at_a_time() {
 /// of rows and tokens that do not fill a tile, an odd number of 32-element blocks and partial groups,
 /// and enough tokens for more than one pass.
 fn check_batched(tier: Tier) {
-    for (n, k, m) in [(1, 32, 1), (7, 96, 5), (33, 256, 4), (9, 768, 70), (64, 512, 131), (5, 4864, 40)] {
+    for (n, k, m) in [(1, 32, 1), (7, 96, 5), (33, 256, 4), (9, 768, 70), (64, 512, 131), (5, 4864, 40), (6, 800, 8)] {
         for ty in TYPES {
             let t = BlockType::of(ty).unwrap();
             if k % t.block_elems() != 0 {

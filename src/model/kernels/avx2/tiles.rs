@@ -185,7 +185,7 @@ unsafe fn unsigned_block<const T: u8>(row: *const u8, i: usize) -> __m256i {
     }
 }
 
-/// Writes the unsigned bytes of up to 8 blocks (`u[b]`, 32 each; `n` of them, the rest zero) into a group's
+/// Writes the unsigned bytes of 8 blocks (`u[b]`, 32 each; the caller zeroes those past a row's end) into a group's
 /// interleaved lanes (`WGroup::set_block`'s layout: lane `2b + h` of `u[j]` holds word `4h + j` of block
 /// `b`) with register shuffles: each block's words reordered to pairs `(j, 4 + j)`, then a 4 × 4 transpose
 /// of those 64-bit pairs per 4 blocks.
