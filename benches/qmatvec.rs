@@ -1,10 +1,11 @@
 //! Quantized matrix × vector (decode) and matrix × matrix (prefill) on the CPU, for each quantization type
 //! of the catalogue's files, at the shapes of SmolLM2-135M (576 → 1536), Qwen2.5-0.5B (896 → 4864) and
 //! Qwen2.5-1.5B (1536 → 8960):
-//! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports; `cpu_reagent_prefill`, AMX
+//! reagent's own kernels (`cpu_reagent_matvec`, every tier the CPU supports; `cpu_reagent_tokens`, a short
+//! batch in one pass against a mat-vec per token; `cpu_reagent_prefill`, AMX
 //! bf16 tiles and the integer prefill of each tier against dequantize + f32 GEMM) and candle's (`cpu_qmatvec`).
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use reagent::model::amx;
@@ -48,6 +49,40 @@ fn reagent_kernels(c: &mut Criterion) {
         }
         g.finish();
     }
+    // Short batches (forced tokens): one pass over the matrix for all the tokens, against one mat-vec per
+    // token, at Qwen 1.5B's up projection. Throughput counts multiply-adds. The 7.7 MB matrix stays in a
+    // large L3 between the per-token passes, so this measures the work per byte; in a model, where every
+    // matrix comes from memory, the per-token passes also read it `m` times.
+    let (k, n) = (1536usize, 8960usize);
+    for m in [2usize, 4] {
+        let mut g = c.benchmark_group(format!("cpu_reagent_tokens_{m}x{k}x{n}"));
+        g.throughput(Throughput::Elements((m * k * n) as u64));
+        g.sample_size(20);
+        for ty in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let t = BlockType::of(ty).unwrap();
+            let w = QTensor::quantize(&random((n, k), 6), ty).unwrap().data().unwrap().into_owned();
+            let x = random((m, k), 7).flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let mut xq = vec![Q8Block::default(); m * k / kernels::QK];
+            for (xr, q) in x.chunks_exact(k).zip(xq.chunks_exact_mut(k / kernels::QK)) {
+                kernels::quantize_row_q8_for(t, xr, q);
+            }
+            let mut y = vec![0f32; m * n];
+            for tier in Tier::supported() {
+                g.bench_function(BenchmarkId::new(format!("{tier:?}"), format!("{ty:?}")), |b| {
+                    b.iter(|| kernels::matvec_tokens_on(tier, t, &w, n, &xq, m, &mut y))
+                });
+                g.bench_function(BenchmarkId::new(format!("{tier:?}_per_token"), format!("{ty:?}")), |b| {
+                    b.iter(|| {
+                        for (q, yc) in xq.chunks_exact(k / kernels::QK).zip(y.chunks_exact_mut(n)) {
+                            kernels::matvec_on(tier, t, &w, n, q, yc);
+                        }
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+
     // Prefill dequantizes each matrix to f32 before the GEMM.
     let (k, n) = (4864usize, 896usize);
     let mut g = c.benchmark_group(format!("cpu_reagent_dequantize_{k}x{n}"));
