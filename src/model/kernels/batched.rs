@@ -3,6 +3,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use super::{matvec_on, quantize_row_q8_for, BlockType, Q8Block, Tier, QK};
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{__m256, _mm256_storeu_ps};
 
 /// Whether [`matmul`] multiplies prompt-sized batches of a matrix of type `t` on 8-bit integer kernels on
 /// the best tier here, rather than the caller dequantizing the weights for an f32 GEMM.
@@ -74,8 +76,70 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
         return y;
     }
     #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx2 && t == BlockType::Q4K {
+        matmul_rows8(w, n, row_bytes, &xq, blocks, &mut y);
+        return y;
+    }
+    #[cfg(target_arch = "x86_64")]
     matmul_groups(tier, t, w, n, row_bytes, &xq, blocks, &mut y);
     y
+}
+
+/// The batched product of Q4_K on AVX2 with 8 rows in a register's lanes (`avx2::tile_rows8`): each
+/// worker packs its 16 rows as two groups of 8, then runs tiles of 8 rows × 4 tokens, tokens in passes
+/// that stay in L2.
+#[cfg(target_arch = "x86_64")]
+fn matmul_rows8(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
+    let supers = blocks / 8;
+    let m = xq.len() / blocks;
+    let y_ptr = y.as_mut_ptr() as usize;
+    let per_pass = (PASS_BYTES / (blocks * std::mem::size_of::<Q8Block>())).clamp(8, 128) / 4 * 4;
+    crate::model::pool::pool().for_chunks(n.div_ceil(ROWS_PER_ITEM), |items| {
+        let first = items.start * ROWS_PER_ITEM;
+        let last = n.min(items.end * ROWS_PER_ITEM);
+        let mut wp = Vec::new();
+        // SAFETY: AVX2 is present (the caller's tier); the rows lie inside `w`.
+        unsafe { avx2::pack_rows8(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, supers, &mut wp) };
+        for c0 in (0..m).step_by(per_pass) {
+            let c1 = m.min(c0 + per_pass);
+            for g in 0..(last - first).div_ceil(8) {
+                let rows = (last - first - 8 * g).min(8);
+                let r = first + 8 * g;
+                let mut c = c0;
+                while c < c1 {
+                    let cc = (c1 - c).min(4);
+                    let x = |j: usize| xq[(c + j.min(cc - 1)) * blocks..].as_ptr();
+                    // SAFETY: AVX2 is present; the group's packed super-blocks and the tokens' blocks exist;
+                    // work items write disjoint rows of `y`, and only this group's `rows` rows are written.
+                    unsafe {
+                        let wg = wp.as_ptr().add(g * supers);
+                        let out: [__m256; 4] = match cc {
+                            4 => avx2::tile_rows8::<4>(wg, [x(0), x(1), x(2), x(3)], supers),
+                            3 => pad(avx2::tile_rows8::<3>(wg, [x(0), x(1), x(2)], supers)),
+                            2 => pad(avx2::tile_rows8::<2>(wg, [x(0), x(1)], supers)),
+                            _ => pad(avx2::tile_rows8::<1>(wg, [x(0)], supers)),
+                        };
+                        for (j, v) in out.iter().enumerate().take(cc) {
+                            let mut row = [0f32; 8];
+                            _mm256_storeu_ps(row.as_mut_ptr(), *v);
+                            let dst = (y_ptr as *mut f32).add((c + j) * n + r);
+                            std::ptr::copy_nonoverlapping(row.as_ptr(), dst, rows);
+                        }
+                    }
+                    c += cc;
+                }
+            }
+        }
+    });
+}
+
+/// A tile's `C` token registers in a 4-register array (the rest zero).
+#[cfg(target_arch = "x86_64")]
+fn pad<const C: usize>(v: [std::arch::x86_64::__m256; C]) -> [std::arch::x86_64::__m256; 4] {
+    // SAFETY: an all-zero __m256 is a valid value.
+    let mut out = [unsafe { std::mem::zeroed() }; 4];
+    out[..C].copy_from_slice(&v);
+    out
 }
 
 /// Rows per work item of the batched products, and the bytes of packed activations per pass over a work
