@@ -76,8 +76,11 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
         return y;
     }
     #[cfg(target_arch = "x86_64")]
-    if tier == Tier::Avx2 && t == BlockType::Q4K {
-        matmul_rows8(w, n, row_bytes, &xq, blocks, &mut y);
+    if tier == Tier::Avx2 && matches!(t, BlockType::Q4K | BlockType::Q6K) {
+        match t {
+            BlockType::Q4K => matmul_rows8::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
+            _ => matmul_rows8::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
+        }
         return y;
     }
     #[cfg(target_arch = "x86_64")]
@@ -85,11 +88,11 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
     y
 }
 
-/// The batched product of Q4_K on AVX2 with 8 rows in a register's lanes (`avx2::tile_rows8`): each
+/// The batched product of Q4_K or Q6_K (`T`) on AVX2 with 8 rows in a register's lanes (`avx2::tile_rows8`): each
 /// worker packs its 16 rows as two groups of 8, then runs tiles of 8 rows × 4 tokens, tokens in passes
 /// that stay in L2.
 #[cfg(target_arch = "x86_64")]
-fn matmul_rows8(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
+fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
     let supers = blocks / 8;
     let m = xq.len() / blocks;
     let y_ptr = y.as_mut_ptr() as usize;
@@ -99,7 +102,9 @@ fn matmul_rows8(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: us
         let last = n.min(items.end * ROWS_PER_ITEM);
         let mut wp = Vec::new();
         // SAFETY: AVX2 is present (the caller's tier); the rows lie inside `w`.
-        unsafe { avx2::pack_rows8(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, supers, &mut wp) };
+        unsafe {
+            avx2::pack_rows8::<T>(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, supers, &mut wp)
+        };
         for c0 in (0..m).step_by(per_pass) {
             let c1 = m.min(c0 + per_pass);
             for g in 0..(last - first).div_ceil(8) {
@@ -114,10 +119,10 @@ fn matmul_rows8(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: us
                     unsafe {
                         let wg = wp.as_ptr().add(g * supers);
                         let out: [__m256; 4] = match cc {
-                            4 => avx2::tile_rows8::<4>(wg, [x(0), x(1), x(2), x(3)], supers),
-                            3 => pad(avx2::tile_rows8::<3>(wg, [x(0), x(1), x(2)], supers)),
-                            2 => pad(avx2::tile_rows8::<2>(wg, [x(0), x(1)], supers)),
-                            _ => pad(avx2::tile_rows8::<1>(wg, [x(0)], supers)),
+                            4 => avx2::tile_rows8::<T, 4>(wg, [x(0), x(1), x(2), x(3)], supers),
+                            3 => pad(avx2::tile_rows8::<T, 3>(wg, [x(0), x(1), x(2)], supers)),
+                            2 => pad(avx2::tile_rows8::<T, 2>(wg, [x(0), x(1)], supers)),
+                            _ => pad(avx2::tile_rows8::<T, 1>(wg, [x(0)], supers)),
                         };
                         for (j, v) in out.iter().enumerate().take(cc) {
                             let mut row = [0f32; 8];

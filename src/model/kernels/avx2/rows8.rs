@@ -1,25 +1,28 @@
-//! The AVX2 batched product for Q4_K with 8 weight rows in the lanes of a register: each 32-bit lane holds
-//! 4 quants of one row, so one `maddubs` against 4 activation bytes broadcast to every lane advances 8
-//! rows of one token at once, the sub-block scales apply per lane with one `madd`, and a tile's sums are
-//! already one register per token (8 rows, stored as they are: no horizontal sums). The 2 × 2 tiles of
-//! [`super::tile_groups`] keep a register per cell and ran out of the 16 registers (their sums spilled).
+//! The AVX2 batched product for Q4_K and Q6_K with 8 weight rows in the lanes of a register: each 32-bit
+//! lane holds 4 quants of one row, so one `maddubs` against 4 activation bytes broadcast to every lane
+//! advances 8 rows of one token at once, the sub-block scales apply per lane with one `madd`, and a tile's
+//! sums are already one register per token (8 rows, stored as they are: no horizontal sums). The 2 × 2
+//! tiles of [`super::tile_groups`] keep a register per cell and ran out of the 16 registers (their sums
+//! spilled). Q6_K's quants are stored signed (`u − 32`): `maddubs` takes their magnitudes and the
+//! activations with their signs, so its offset needs no correction term.
 
 use super::*;
 
-/// Eight Q4_K rows' super-block, interleaved: `u[s][q]` holds quants `4q .. 4q + 4` of sub-block `s` of row
-/// `i` in 32-bit lane `i`; `k[s]` the rows' 6-bit scales of sub-block `s` (each twice, both 16-bit halves
-/// of the row's lane, for `madd`); `m[s]` the rows' `−dmin·min` of sub-block `s`; `d` the rows' scales.
+/// Eight rows' super-block, interleaved: `u[s][q]` holds quants `4q .. 4q + 4` of 32-element sub-block `s`
+/// of row `i` in 32-bit lane `i` (Q6_K: minus 32, signed); `k[j]` the rows' scales of scale group `j`
+/// (Q4_K: sub-block `j`'s 6 bits; Q6_K: 16 elements' 8 bits), each twice (both 16-bit halves of the row's
+/// lane, for `madd`); `m[s]` the rows' `−dmin·min` of sub-block `s` (Q4_K); `d` the rows' scales.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub(in crate::model::kernels) struct W8 {
     u: [[[u8; 32]; 8]; 8],
-    k: [[i16; 16]; 8],
+    k: [[i16; 16]; 16],
     m: [[f32; 8]; 8],
     d: [f32; 8],
 }
 
 impl W8 {
-    const ZERO: W8 = W8 { u: [[[0; 32]; 8]; 8], k: [[0; 16]; 8], m: [[0.0; 8]; 8], d: [0.0; 8] };
+    const ZERO: W8 = W8 { u: [[[0; 32]; 8]; 8], k: [[0; 16]; 16], m: [[0.0; 8]; 8], d: [0.0; 8] };
 }
 
 /// The 8 × 8 transpose of 32-bit words: `out[q]` lane `i` = word `q` of `v[i]`.
@@ -59,13 +62,14 @@ unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
     ]
 }
 
-/// Packs `rows` Q4_K rows (`row_bytes` apart, `supers` super-blocks each) 8 at a time into `out`
-/// (`rows.div_ceil(8) · supers` entries, a group's super-blocks in order); rows past the end are zero.
+/// Packs `rows` rows of type `T` (Q4_K or Q6_K; `row_bytes` apart, `supers` super-blocks each) 8 at a time
+/// into `out` (`rows.div_ceil(8) · supers` entries, a group's super-blocks in order); rows past the end are
+/// zero.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `w` holds `rows` rows of `row_bytes` bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::model::kernels) unsafe fn pack_rows8(
+pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
     w: &[u8],
     row_bytes: usize,
     rows: usize,
@@ -73,31 +77,37 @@ pub(in crate::model::kernels) unsafe fn pack_rows8(
     out: &mut Vec<W8>,
 ) {
     assert!(w.len() >= rows * row_bytes);
-    let bb = block_bytes(Q4K);
-    let m4 = _mm256_set1_epi8(0x0F);
+    let bb = block_bytes(T);
     out.clear();
     out.resize(rows.div_ceil(8) * supers, W8::ZERO);
     for g in 0..rows.div_ceil(8) {
         let n = (rows - 8 * g).min(8);
         for sb in 0..supers {
             let p = &mut out[g * supers + sb];
-            // Each row's 8 sub-blocks as 32 unsigned bytes: chunk `j` of the quants holds sub-block 2j in
-            // its low nibbles and 2j + 1 in its high ones.
+            // Each row's 8 sub-blocks as 32 bytes, `sub[s][i]` for row `i`.
             let mut sub = [[_mm256_setzero_si256(); 8]; 8];
             for i in 0..n {
-                let b = w.as_ptr().add((8 * g + i) * row_bytes + sb * bb);
-                for j in 0..4 {
-                    let v = _mm256_loadu_si256(b.add(16 + 32 * j) as *const __m256i);
-                    sub[2 * j][i] = _mm256_and_si256(v, m4);
-                    sub[2 * j + 1][i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                let row = w.as_ptr().add((8 * g + i) * row_bytes);
+                for (s, sub) in sub.iter_mut().enumerate() {
+                    let u = super::tiles::unsigned_block::<T>(row, 8 * sb + s);
+                    sub[i] = if T == Q6K { _mm256_sub_epi8(u, _mm256_set1_epi8(32)) } else { u };
                 }
-                let (d, dmin) = (f16(b), f16(b.add(2)));
-                let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-                p.d[i] = d;
-                for s in 0..8 {
-                    p.k[s][2 * i] = sc[s] as i16;
-                    p.k[s][2 * i + 1] = sc[s] as i16;
-                    p.m[s][i] = -dmin * mn[s] as f32;
+                let b = row.add(sb * bb);
+                if T == Q6K {
+                    p.d[i] = f16(b.add(208));
+                    for j in 0..16 {
+                        p.k[j][2 * i] = *(b.add(192 + j) as *const i8) as i16;
+                        p.k[j][2 * i + 1] = p.k[j][2 * i];
+                    }
+                } else {
+                    let (d, dmin) = (f16(b), f16(b.add(2)));
+                    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+                    p.d[i] = d;
+                    for s in 0..8 {
+                        p.k[s][2 * i] = sc[s] as i16;
+                        p.k[s][2 * i + 1] = sc[s] as i16;
+                        p.m[s][i] = -dmin * mn[s] as f32;
+                    }
                 }
             }
             for (s, rows8) in sub.into_iter().enumerate() {
@@ -109,13 +119,13 @@ pub(in crate::model::kernels) unsafe fn pack_rows8(
     }
 }
 
-/// The products of 8 packed rows (`supers` super-blocks of [`W8`]) with `C` tokens' Q4_K activation rows
-/// (`x[c]`, 8 blocks per super-block sharing one scale): one register of 8 rows per token.
+/// The products of 8 packed rows (`supers` super-blocks of [`W8`], type `T`) with `C` tokens' K-quant
+/// activation rows (`x[c]`, 8 blocks per super-block sharing one scale): one register of 8 rows per token.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `w` holds `supers` entries and each `x[c]` `8 · supers` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::model::kernels) unsafe fn tile_rows8<const C: usize>(
+pub(in crate::model::kernels) unsafe fn tile_rows8<const T: u8, const C: usize>(
     w: *const W8,
     x: [*const Q8Block; C],
     supers: usize,
@@ -125,22 +135,34 @@ pub(in crate::model::kernels) unsafe fn tile_rows8<const C: usize>(
         let wp = &*w.add(sb);
         let mut isum = [_mm256_setzero_si256(); C];
         for s in 0..8 {
-            // Sums of 8 pairs of `maddubs` fit i16: 8 × 2 × 15 × 128 < 2¹⁵.
-            let mut a = [_mm256_setzero_si256(); C];
-            for q in 0..8 {
-                let v = _mm256_load_si256(wp.u[s][q].as_ptr() as *const __m256i);
-                for (a, x) in a.iter_mut().zip(&x) {
-                    let xb = (*x.add(8 * sb + s)).qs.as_ptr().add(4 * q);
-                    let xv = _mm256_set1_epi32(std::ptr::read_unaligned(xb as *const i32));
-                    *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(v, xv));
+            // Q4_K: the sub-block's 8 quarters summed in i16 (8 × 2 × 15 × 128 < 2¹⁵), one scale. Q6_K: each
+            // 16-element half (4 quarters, 4 × 2 × 32 × 127 < 2¹⁵) with its own scale.
+            let halves = if T == Q6K { 2 } else { 1 };
+            for h in 0..halves {
+                let mut a = [_mm256_setzero_si256(); C];
+                for q in (0..8).skip(4 * h).take(8 / halves) {
+                    let v = _mm256_load_si256(wp.u[s][q].as_ptr() as *const __m256i);
+                    let mag = if T == Q6K { _mm256_sign_epi8(v, v) } else { v };
+                    for (a, x) in a.iter_mut().zip(&x) {
+                        let xb = (*x.add(8 * sb + s)).qs.as_ptr().add(4 * q);
+                        let mut xv = _mm256_set1_epi32(std::ptr::read_unaligned(xb as *const i32));
+                        if T == Q6K {
+                            xv = _mm256_sign_epi8(xv, v);
+                        }
+                        *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(mag, xv));
+                    }
+                }
+                let k = _mm256_load_si256(wp.k[halves * s + h].as_ptr() as *const __m256i);
+                for (isum, a) in isum.iter_mut().zip(&a) {
+                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(*a, k));
                 }
             }
-            let k = _mm256_load_si256(wp.k[s].as_ptr() as *const __m256i);
-            let m = _mm256_load_ps(wp.m[s].as_ptr());
-            for (c, x) in x.iter().enumerate() {
-                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(a[c], k));
-                let xb = &*x.add(8 * sb + s);
-                f[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb.d * xb.sum as f32), f[c]);
+            if T == Q4K {
+                let m = _mm256_load_ps(wp.m[s].as_ptr());
+                for (f, x) in f.iter_mut().zip(&x) {
+                    let xb = &*x.add(8 * sb + s);
+                    *f = _mm256_fmadd_ps(m, _mm256_set1_ps(xb.d * xb.sum as f32), *f);
+                }
             }
         }
         let d = _mm256_load_ps(wp.d.as_ptr());
