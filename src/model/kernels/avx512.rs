@@ -21,6 +21,9 @@ use std::arch::x86_64::*;
 use super::avx2::{block_bytes, f16, prefetch_next_rows, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q6K, Q8_0};
 use super::Q8Block;
 
+mod rows16;
+pub(super) use rows16::{pack_rows16, tile_rows16};
+
 /// A K-quant super-block of one token's activations, packed for these kernels: the 8 activation blocks as
 /// four 64-byte pairs in the order the weights unpack in (Q4_K, Q5_K: blocks 0+2, 1+3, 4+6, 5+7; Q6_K:
 /// 0+1, 2+3, 4+5, 6+7), the sums of each 16 activations, and the super-block's scale.

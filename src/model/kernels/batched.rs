@@ -76,6 +76,14 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
         return y;
     }
     #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx512 && matches!(t, BlockType::Q4K | BlockType::Q6K) {
+        match t {
+            BlockType::Q4K => matmul_rows16::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
+            _ => matmul_rows16::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
+        }
+        return y;
+    }
+    #[cfg(target_arch = "x86_64")]
     if tier == Tier::Avx2 && matches!(t, BlockType::Q4K | BlockType::Q6K) {
         match t {
             BlockType::Q4K => matmul_rows8::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
@@ -129,6 +137,88 @@ fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block
                             _mm256_storeu_ps(row.as_mut_ptr(), *v);
                             let dst = (y_ptr as *mut f32).add((c + j) * n + r);
                             std::ptr::copy_nonoverlapping(row.as_ptr(), dst, rows);
+                        }
+                    }
+                    c += cc;
+                }
+            }
+        }
+    });
+}
+
+/// The batched product of Q4_K or Q6_K (`T`) on AVX-512 with 16 rows in a register's lanes
+/// (`avx512::tile_rows16`): each worker packs its 16 rows as one group, then runs tiles of 16 rows × 8
+/// tokens, tokens in passes that stay in L2.
+#[cfg(target_arch = "x86_64")]
+fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
+    use std::arch::x86_64::{__m512, _mm512_storeu_ps};
+    const TOKENS: usize = 8;
+    let supers = blocks / 8;
+    let m = xq.len() / blocks;
+    // Q6_K: each block's two 16-element sums, for its offset.
+    let hs: Vec<[i32; 2]> = if T == avx2::Q6K {
+        xq.iter()
+            .map(|b| {
+                let half = |h: usize| b.qs[16 * h..16 * h + 16].iter().map(|&q| q as i32).sum::<i32>();
+                [half(0), half(1)]
+            })
+            .collect()
+    } else {
+        vec![[0; 2]; xq.len()]
+    };
+    let y_ptr = y.as_mut_ptr() as usize;
+    let per_pass = (PASS_BYTES / (blocks * std::mem::size_of::<Q8Block>())).clamp(TOKENS, 128) / TOKENS * TOKENS;
+    crate::model::pool::pool().for_chunks(n.div_ceil(16), |items| {
+        let mut wp = Vec::new();
+        for g in items {
+            let (first, last) = (16 * g, n.min(16 * g + 16));
+            // SAFETY: AVX-512 is present (the caller's tier); the rows lie inside `w`.
+            unsafe {
+                avx512::pack_rows16::<T>(
+                    &w[first * row_bytes..last * row_bytes],
+                    row_bytes,
+                    last - first,
+                    supers,
+                    &mut wp,
+                )
+            };
+            for c0 in (0..m).step_by(per_pass) {
+                let c1 = m.min(c0 + per_pass);
+                let mut c = c0;
+                while c < c1 {
+                    let cc = (c1 - c).min(TOKENS);
+                    let x = |j: usize| xq[(c + j.min(cc - 1)) * blocks..].as_ptr();
+                    let h = |j: usize| hs[(c + j.min(cc - 1)) * blocks..].as_ptr();
+                    let mut out = [[0f32; 16]; TOKENS];
+                    // SAFETY: AVX-512 is present; the group's packed super-blocks and the tokens' blocks and
+                    // half sums exist; work items write disjoint rows of `y`, only this group's rows.
+                    unsafe {
+                        macro_rules! tile {
+                            ($c:literal) => {{
+                                let v: [__m512; $c] = avx512::tile_rows16::<T, $c>(
+                                    wp.as_ptr(),
+                                    std::array::from_fn(&x),
+                                    std::array::from_fn(&h),
+                                    supers,
+                                );
+                                for (o, v) in out.iter_mut().zip(v) {
+                                    _mm512_storeu_ps(o.as_mut_ptr(), v);
+                                }
+                            }};
+                        }
+                        match cc {
+                            8 => tile!(8),
+                            7 => tile!(7),
+                            6 => tile!(6),
+                            5 => tile!(5),
+                            4 => tile!(4),
+                            3 => tile!(3),
+                            2 => tile!(2),
+                            _ => tile!(1),
+                        }
+                        for (j, o) in out.iter().enumerate().take(cc) {
+                            let dst = (y_ptr as *mut f32).add((c + j) * n + first);
+                            std::ptr::copy_nonoverlapping(o.as_ptr(), dst, last - first);
                         }
                     }
                     c += cc;

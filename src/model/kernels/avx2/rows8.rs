@@ -27,7 +27,7 @@ impl W8 {
 
 /// The 8 × 8 transpose of 32-bit words: `out[q]` lane `i` = word `q` of `v[i]`.
 #[inline(always)]
-unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
+pub(in crate::model::kernels) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i; 8] {
     // Pairs of rows interleaved by words, then by 64-bit pairs, then the 128-bit halves swapped into place.
     let a = [
         _mm256_unpacklo_epi32(v[0], v[1]),

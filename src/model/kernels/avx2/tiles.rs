@@ -140,7 +140,7 @@ pub(in crate::model::kernels) unsafe fn tile_groups_vnni<const MIN: bool, const 
 /// The unsigned bytes of block `i` of a row of type `T` (a 32-element block, or a K-quant's sub-block), as
 /// `super::super::unsigned_block` gives them, 32 at a time.
 #[inline(always)]
-pub(super) unsafe fn unsigned_block<const T: u8>(row: *const u8, i: usize) -> __m256i {
+pub(in crate::model::kernels) unsafe fn unsigned_block<const T: u8>(row: *const u8, i: usize) -> __m256i {
     let m4 = _mm256_set1_epi8(0x0F);
     match T {
         Q4_0 | Q4_1 | Q5_0 | Q8_0 => {

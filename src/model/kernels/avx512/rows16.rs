@@ -1,0 +1,142 @@
+//! The AVX-512 batched product for Q4_K and Q6_K with 16 weight rows in the lanes of a register (as
+//! `avx2/rows8.rs` does with 8): each 32-bit lane holds 4 quants of one row, one `vpdpbusd` against 4
+//! activation bytes broadcast to every lane advances 16 rows of one token, each scale group's sums are
+//! multiplied by the rows' integer scales in one `vpmulld`, and a tile keeps one register of 16 rows per
+//! token, stored without horizontal sums. Q6_K's offset 32 starts each group's sums at `−32·Σ x` of the
+//! group's 16 activations.
+
+use std::arch::x86_64::*;
+
+use super::super::avx2::{block_bytes, f16, Q4K, Q6K};
+use super::super::Q8Block;
+
+/// Sixteen rows' super-block, interleaved: `u[s][q]` holds quants `4q .. 4q + 4` of 32-element sub-block
+/// `s` of row `i` in 32-bit lane `i` (unsigned: Q6_K's 0..63 with its offset); `k[j]` the rows' integer
+/// scales of scale group `j` (Q4_K: sub-block `j`; Q6_K: 16 elements); `m[s]` the rows' `−dmin·min` of
+/// sub-block `s` (Q4_K); `d` the rows' scales.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(in crate::model::kernels) struct W16 {
+    u: [[[u8; 64]; 8]; 8],
+    k: [[i32; 16]; 16],
+    m: [[f32; 16]; 8],
+    d: [f32; 16],
+}
+
+impl W16 {
+    const ZERO: W16 = W16 { u: [[[0; 64]; 8]; 8], k: [[0; 16]; 16], m: [[0.0; 16]; 8], d: [0.0; 16] };
+}
+
+/// Packs `rows` rows of type `T` (Q4_K or Q6_K; `row_bytes` apart, `supers` super-blocks each) 16 at a
+/// time into `out` (`rows.div_ceil(16) · supers` entries, a group's super-blocks in order); rows past the
+/// end are zero.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `row_bytes` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    supers: usize,
+    out: &mut Vec<W16>,
+) {
+    assert!(w.len() >= rows * row_bytes);
+    let bb = block_bytes(T);
+    out.clear();
+    out.resize(rows.div_ceil(16) * supers, W16::ZERO);
+    for g in 0..rows.div_ceil(16) {
+        let n = (rows - 16 * g).min(16);
+        for sb in 0..supers {
+            let p = &mut out[g * supers + sb];
+            // Each row's 8 sub-blocks as 32 unsigned bytes, `sub[s][i]` for row `i`.
+            let mut sub = [[_mm256_setzero_si256(); 16]; 8];
+            for i in 0..n {
+                let row = w.as_ptr().add((16 * g + i) * row_bytes);
+                for (s, sub) in sub.iter_mut().enumerate() {
+                    sub[i] = super::super::avx2::unsigned_sub_block::<T>(row, 8 * sb + s);
+                }
+                let b = row.add(sb * bb);
+                if T == Q6K {
+                    p.d[i] = f16(b.add(208));
+                    for j in 0..16 {
+                        p.k[j][i] = *(b.add(192 + j) as *const i8) as i32;
+                    }
+                } else {
+                    let (d, dmin) = (f16(b), f16(b.add(2)));
+                    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+                    p.d[i] = d;
+                    for s in 0..8 {
+                        p.k[s][i] = sc[s] as i32;
+                        p.m[s][i] = -dmin * mn[s] as f32;
+                    }
+                }
+            }
+            for (s, rows16) in sub.into_iter().enumerate() {
+                let lo = super::super::avx2::transpose8(rows16[..8].try_into().expect("8 rows"));
+                let hi = super::super::avx2::transpose8(rows16[8..].try_into().expect("8 rows"));
+                for q in 0..8 {
+                    _mm256_storeu_si256(p.u[s][q].as_mut_ptr() as *mut __m256i, lo[q]);
+                    _mm256_storeu_si256(p.u[s][q].as_mut_ptr().add(32) as *mut __m256i, hi[q]);
+                }
+            }
+        }
+    }
+}
+
+/// The products of 16 packed rows (`supers` super-blocks of [`W16`], type `T`) with `C` tokens' K-quant
+/// activation rows (`x[c]`, 8 blocks per super-block sharing one scale; for Q6_K, `hs[c]` the sums of each
+/// block's two 16-element halves): one register of 16 rows per token.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds `supers` entries, each `x[c]` `8 · supers` blocks, and for
+/// Q6_K each `hs[c]` as many pairs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>(
+    w: *const W16,
+    x: [*const Q8Block; C],
+    hs: [*const [i32; 2]; C],
+    supers: usize,
+) -> [__m512; C] {
+    let mut f = [_mm512_setzero_ps(); C];
+    let halves = if T == Q6K { 2 } else { 1 };
+    for sb in 0..supers {
+        let wp = &*w.add(sb);
+        let mut isum = [_mm512_setzero_si512(); C];
+        for s in 0..8 {
+            for h in 0..halves {
+                let mut acc = [_mm512_setzero_si512(); C];
+                if T == Q6K {
+                    for (acc, hs) in acc.iter_mut().zip(&hs) {
+                        *acc = _mm512_set1_epi32(-32 * (*hs.add(8 * sb + s))[h]);
+                    }
+                }
+                for q in (0..8).skip(4 * h).take(8 / halves) {
+                    let v = _mm512_load_si512(wp.u[s][q].as_ptr() as *const __m512i);
+                    for (acc, x) in acc.iter_mut().zip(&x) {
+                        let xb = (*x.add(8 * sb + s)).qs.as_ptr().add(4 * q);
+                        let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xb as *const i32));
+                        *acc = _mm512_dpbusd_epi32(*acc, v, xv);
+                    }
+                }
+                let k = _mm512_load_si512(wp.k[halves * s + h].as_ptr() as *const __m512i);
+                for (isum, acc) in isum.iter_mut().zip(&acc) {
+                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(*acc, k));
+                }
+            }
+            if T == Q4K {
+                let m = _mm512_load_ps(wp.m[s].as_ptr());
+                for (f, x) in f.iter_mut().zip(&x) {
+                    let xb = &*x.add(8 * sb + s);
+                    *f = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.d * xb.sum as f32), *f);
+                }
+            }
+        }
+        let d = _mm512_load_ps(wp.d.as_ptr());
+        for (c, x) in x.iter().enumerate() {
+            let dx = _mm512_set1_ps((*x.add(8 * sb)).d);
+            f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), f[c]);
+        }
+    }
+    f
+}
