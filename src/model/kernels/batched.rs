@@ -76,10 +76,14 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
         return y;
     }
     #[cfg(target_arch = "x86_64")]
-    if tier == Tier::Avx512 && matches!(t, BlockType::Q4K | BlockType::Q6K) {
+    if tier == Tier::Avx512 && t != BlockType::Q5K {
         match t {
             BlockType::Q4K => matmul_rows16::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
-            _ => matmul_rows16::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q6K => matmul_rows16::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q4_0 => matmul_rows16::<{ avx2::Q4_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q4_1 => matmul_rows16::<{ avx2::Q4_1 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q5_0 => matmul_rows16::<{ avx2::Q5_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            _ => matmul_rows16::<{ avx2::Q8_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
         }
         return y;
     }
@@ -146,14 +150,13 @@ fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block
     });
 }
 
-/// The batched product of Q4_K or Q6_K (`T`) on AVX-512 with 16 rows in a register's lanes
+/// The batched product of a type `T` (all but Q5_K) on AVX-512 with 16 rows in a register's lanes
 /// (`avx512::tile_rows16`): each worker packs its 16 rows as one group, then runs tiles of 16 rows × 8
 /// tokens, tokens in passes that stay in L2.
 #[cfg(target_arch = "x86_64")]
 fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
     use std::arch::x86_64::{__m512, _mm512_storeu_ps};
     const TOKENS: usize = 8;
-    let supers = blocks / 8;
     let m = xq.len() / blocks;
     // Q6_K: each block's two 16-element sums, for its offset.
     let hs: Vec<[i32; 2]> = if T == avx2::Q6K {
@@ -178,7 +181,7 @@ fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Bloc
                     &w[first * row_bytes..last * row_bytes],
                     row_bytes,
                     last - first,
-                    supers,
+                    blocks,
                     &mut wp,
                 )
             };
@@ -199,7 +202,7 @@ fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Bloc
                                     wp.as_ptr(),
                                     std::array::from_fn(&x),
                                     std::array::from_fn(&h),
-                                    supers,
+                                    blocks,
                                 );
                                 for (o, v) in out.iter_mut().zip(v) {
                                     _mm512_storeu_ps(o.as_mut_ptr(), v);

@@ -1,19 +1,22 @@
-//! The AVX-512 batched product for Q4_K and Q6_K with 16 weight rows in the lanes of a register (as
-//! `avx2/rows8.rs` does with 8): each 32-bit lane holds 4 quants of one row, one `vpdpbusd` against 4
-//! activation bytes broadcast to every lane advances 16 rows of one token, each scale group's sums are
-//! multiplied by the rows' integer scales in one `vpmulld`, and a tile keeps one register of 16 rows per
-//! token, stored without horizontal sums. Q6_K's offset 32 starts each group's sums at `−32·Σ x` of the
-//! group's 16 activations.
+//! The AVX-512 batched product with 16 weight rows in the lanes of a register (as `avx2/rows8.rs` does
+//! with 8): each 32-bit lane holds 4 quants of one row, one `vpdpbusd` against 4 activation bytes
+//! broadcast to every lane advances 16 rows of one token, and a tile keeps one register of 16 rows per
+//! token, stored without horizontal sums. Q4_K and Q6_K multiply each scale group's sums by the rows'
+//! integer scales in one `vpmulld`; the 32-element types convert each block's sums and take the rows'
+//! block scales in one FMA. A fixed offset (Q6_K's 32, Q4_0's 8, Q5_0's 16, Q8_0's 128 after its signed
+//! bytes are made unsigned) starts a group's sums at `−offset·Σ x` of the group's activations; Q4_K's and
+//! Q4_1's minimums add `min·d_x·Σ x` per sub-block.
 
 use std::arch::x86_64::*;
 
-use super::super::avx2::{block_bytes, f16, Q4K, Q6K};
+use super::super::avx2::{block_bytes, f16, Q4K, Q4_1, Q5K, Q6K, Q8_0};
 use super::super::Q8Block;
 
-/// Sixteen rows' super-block, interleaved: `u[s][q]` holds quants `4q .. 4q + 4` of 32-element sub-block
-/// `s` of row `i` in 32-bit lane `i` (unsigned: Q6_K's 0..63 with its offset); `k[j]` the rows' integer
-/// scales of scale group `j` (Q4_K: sub-block `j`; Q6_K: 16 elements); `m[s]` the rows' `−dmin·min` of
-/// sub-block `s` (Q4_K); `d` the rows' scales.
+/// Sixteen rows' super-block (or 8 blocks of a 32-element type), interleaved: `u[s][q]` holds quants
+/// `4q .. 4q + 4` of 32-element (sub-)block `s` of row `i` in 32-bit lane `i`, unsigned; `k[j]` the rows'
+/// integer scales of scale group `j` (Q4_K: sub-block `j`; Q6_K: 16 elements); `m[s]` the rows' minimum of
+/// (sub-)block `s` (Q4_K: `−dmin·min`; Q4_1: `m`); `d` the rows' super-block scales (K-quants) and `db[s]`
+/// the rows' block scales (32-element types).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(in crate::model::kernels) struct W16 {
@@ -21,15 +24,17 @@ pub(in crate::model::kernels) struct W16 {
     k: [[i32; 16]; 16],
     m: [[f32; 16]; 8],
     d: [f32; 16],
+    db: [[f32; 16]; 8],
 }
 
 impl W16 {
-    const ZERO: W16 = W16 { u: [[[0; 64]; 8]; 8], k: [[0; 16]; 16], m: [[0.0; 16]; 8], d: [0.0; 16] };
+    const ZERO: W16 =
+        W16 { u: [[[0; 64]; 8]; 8], k: [[0; 16]; 16], m: [[0.0; 16]; 8], d: [0.0; 16], db: [[0.0; 16]; 8] };
 }
 
-/// Packs `rows` rows of type `T` (Q4_K or Q6_K; `row_bytes` apart, `supers` super-blocks each) 16 at a
-/// time into `out` (`rows.div_ceil(16) · supers` entries, a group's super-blocks in order); rows past the
-/// end are zero.
+/// Packs `rows` rows of type `T` (`row_bytes` apart, `blocks` 32-element blocks each) 16 at a time into
+/// `out` (`rows.div_ceil(16) · blocks.div_ceil(8)` entries, a group's in order, 8 blocks or a super-block
+/// each); rows and blocks past the end are zero.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds `rows` rows of `row_bytes` bytes.
@@ -38,11 +43,13 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
     w: &[u8],
     row_bytes: usize,
     rows: usize,
-    supers: usize,
+    blocks: usize,
     out: &mut Vec<W16>,
 ) {
     assert!(w.len() >= rows * row_bytes);
     let bb = block_bytes(T);
+    let k_quant = matches!(T, Q4K | Q5K | Q6K);
+    let supers = blocks.div_ceil(8);
     out.clear();
     out.resize(rows.div_ceil(16) * supers, W16::ZERO);
     for g in 0..rows.div_ceil(16) {
@@ -53,8 +60,18 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
             let mut sub = [[_mm256_setzero_si256(); 16]; 8];
             for i in 0..n {
                 let row = w.as_ptr().add((16 * g + i) * row_bytes);
-                for (s, sub) in sub.iter_mut().enumerate() {
+                for (s, sub) in sub.iter_mut().enumerate().take(blocks - 8 * sb) {
                     sub[i] = super::super::avx2::unsigned_sub_block::<T>(row, 8 * sb + s);
+                }
+                if !k_quant {
+                    for s in 0..(blocks - 8 * sb).min(8) {
+                        let b = row.add((8 * sb + s) * bb);
+                        p.db[s][i] = f16(b);
+                        if T == Q4_1 {
+                            p.m[s][i] = f16(b.add(2));
+                        }
+                    }
+                    continue;
                 }
                 let b = row.add(sb * bb);
                 if T == Q6K {
@@ -84,58 +101,82 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
     }
 }
 
-/// The products of 16 packed rows (`supers` super-blocks of [`W16`], type `T`) with `C` tokens' K-quant
-/// activation rows (`x[c]`, 8 blocks per super-block sharing one scale; for Q6_K, `hs[c]` the sums of each
-/// block's two 16-element halves): one register of 16 rows per token.
+/// The products of 16 packed rows (`blocks.div_ceil(8)` entries of [`W16`], type `T`) with `C` tokens'
+/// activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block share one scale; `hs[c]`
+/// the sums of each block's two 16-element halves, read for Q6_K): one register of 16 rows per token.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds `supers` entries, each `x[c]` `8 · supers` blocks, and for
-/// Q6_K each `hs[c]` as many pairs.
+/// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds the entries, each `x[c]` `blocks` blocks and for Q6_K each
+/// `hs[c]` as many pairs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>(
     w: *const W16,
     x: [*const Q8Block; C],
     hs: [*const [i32; 2]; C],
-    supers: usize,
+    blocks: usize,
 ) -> [__m512; C] {
+    let k_quant = matches!(T, Q4K | Q5K | Q6K);
+    let offset = match T {
+        Q6K => 32,
+        Q8_0 => 128,
+        super::super::avx2::Q5_0 => 16,
+        super::super::avx2::Q4_0 => 8,
+        _ => 0,
+    };
     let mut f = [_mm512_setzero_ps(); C];
     let halves = if T == Q6K { 2 } else { 1 };
-    for sb in 0..supers {
+    for sb in 0..blocks.div_ceil(8) {
         let wp = &*w.add(sb);
         let mut isum = [_mm512_setzero_si512(); C];
-        for s in 0..8 {
+        for s in 0..(blocks - 8 * sb).min(8) {
+            let bi = 8 * sb + s;
             for h in 0..halves {
                 let mut acc = [_mm512_setzero_si512(); C];
                 if T == Q6K {
                     for (acc, hs) in acc.iter_mut().zip(&hs) {
-                        *acc = _mm512_set1_epi32(-32 * (*hs.add(8 * sb + s))[h]);
+                        *acc = _mm512_set1_epi32(-offset * (*hs.add(bi))[h]);
+                    }
+                } else if offset != 0 {
+                    for (acc, x) in acc.iter_mut().zip(&x) {
+                        *acc = _mm512_set1_epi32(-offset * (*x.add(bi)).sum);
                     }
                 }
                 for q in (0..8).skip(4 * h).take(8 / halves) {
                     let v = _mm512_load_si512(wp.u[s][q].as_ptr() as *const __m512i);
                     for (acc, x) in acc.iter_mut().zip(&x) {
-                        let xb = (*x.add(8 * sb + s)).qs.as_ptr().add(4 * q);
+                        let xb = (*x.add(bi)).qs.as_ptr().add(4 * q);
                         let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xb as *const i32));
                         *acc = _mm512_dpbusd_epi32(*acc, v, xv);
                     }
                 }
-                let k = _mm512_load_si512(wp.k[halves * s + h].as_ptr() as *const __m512i);
-                for (isum, acc) in isum.iter_mut().zip(&acc) {
-                    *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(*acc, k));
+                if k_quant {
+                    let k = _mm512_load_si512(wp.k[halves * s + h].as_ptr() as *const __m512i);
+                    for (isum, acc) in isum.iter_mut().zip(&acc) {
+                        *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(*acc, k));
+                    }
+                } else {
+                    // The block's own scale: the rows' `d` times the token's.
+                    let d = _mm512_load_ps(wp.db[s].as_ptr());
+                    for (c, (acc, x)) in acc.iter().zip(&x).enumerate() {
+                        let dx = _mm512_set1_ps((*x.add(bi)).d);
+                        f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), _mm512_mul_ps(d, dx), f[c]);
+                    }
                 }
             }
-            if T == Q4K {
+            if T == Q4K || T == Q4_1 {
                 let m = _mm512_load_ps(wp.m[s].as_ptr());
                 for (f, x) in f.iter_mut().zip(&x) {
-                    let xb = &*x.add(8 * sb + s);
+                    let xb = &*x.add(bi);
                     *f = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.d * xb.sum as f32), *f);
                 }
             }
         }
-        let d = _mm512_load_ps(wp.d.as_ptr());
-        for (c, x) in x.iter().enumerate() {
-            let dx = _mm512_set1_ps((*x.add(8 * sb)).d);
-            f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), f[c]);
+        if k_quant {
+            let d = _mm512_load_ps(wp.d.as_ptr());
+            for (c, x) in x.iter().enumerate() {
+                let dx = _mm512_set1_ps((*x.add(8 * sb)).d);
+                f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), f[c]);
+            }
         }
     }
     f
