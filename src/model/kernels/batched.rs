@@ -88,10 +88,13 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
         return y;
     }
     #[cfg(target_arch = "x86_64")]
-    if tier == Tier::Avx2 && matches!(t, BlockType::Q4K | BlockType::Q6K) {
+    if tier == Tier::Avx2 && !matches!(t, BlockType::Q5K | BlockType::Q8_0) {
         match t {
             BlockType::Q4K => matmul_rows8::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
-            _ => matmul_rows8::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q6K => matmul_rows8::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q4_0 => matmul_rows8::<{ avx2::Q4_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q4_1 => matmul_rows8::<{ avx2::Q4_1 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            _ => matmul_rows8::<{ avx2::Q5_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
         }
         return y;
     }
@@ -100,12 +103,12 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
     y
 }
 
-/// The batched product of Q4_K or Q6_K (`T`) on AVX2 with 8 rows in a register's lanes (`avx2::tile_rows8`): each
+/// The batched product of a type `T` (Q4_K, Q6_K, Q4_0, Q4_1, Q5_0) on AVX2 with 8 rows in a register's lanes (`avx2::tile_rows8`): each
 /// worker packs its 16 rows as two groups of 8, then runs tiles of 8 rows × 4 tokens, tokens in passes
 /// that stay in L2.
 #[cfg(target_arch = "x86_64")]
 fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
-    let supers = blocks / 8;
+    let supers = blocks.div_ceil(8);
     let m = xq.len() / blocks;
     let y_ptr = y.as_mut_ptr() as usize;
     let per_pass = (PASS_BYTES / (blocks * std::mem::size_of::<Q8Block>())).clamp(8, 128) / 4 * 4;
@@ -115,7 +118,7 @@ fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block
         let mut wp = Vec::new();
         // SAFETY: AVX2 is present (the caller's tier); the rows lie inside `w`.
         unsafe {
-            avx2::pack_rows8::<T>(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, supers, &mut wp)
+            avx2::pack_rows8::<T>(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, blocks, &mut wp)
         };
         for c0 in (0..m).step_by(per_pass) {
             let c1 = m.min(c0 + per_pass);
@@ -131,10 +134,10 @@ fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block
                     unsafe {
                         let wg = wp.as_ptr().add(g * supers);
                         let out: [__m256; 4] = match cc {
-                            4 => avx2::tile_rows8::<T, 4>(wg, [x(0), x(1), x(2), x(3)], supers),
-                            3 => pad(avx2::tile_rows8::<T, 3>(wg, [x(0), x(1), x(2)], supers)),
-                            2 => pad(avx2::tile_rows8::<T, 2>(wg, [x(0), x(1)], supers)),
-                            _ => pad(avx2::tile_rows8::<T, 1>(wg, [x(0)], supers)),
+                            4 => avx2::tile_rows8::<T, 4>(wg, [x(0), x(1), x(2), x(3)], blocks),
+                            3 => pad(avx2::tile_rows8::<T, 3>(wg, [x(0), x(1), x(2)], blocks)),
+                            2 => pad(avx2::tile_rows8::<T, 2>(wg, [x(0), x(1)], blocks)),
+                            _ => pad(avx2::tile_rows8::<T, 1>(wg, [x(0)], blocks)),
                         };
                         for (j, v) in out.iter().enumerate().take(cc) {
                             let mut row = [0f32; 8];

@@ -11,7 +11,8 @@ use super::*;
 /// Eight rows' super-block, interleaved: `u[s][q]` holds quants `4q .. 4q + 4` of 32-element sub-block `s`
 /// of row `i` in 32-bit lane `i` (Q6_K: minus 32, signed); `k[j]` the rows' scales of scale group `j`
 /// (Q4_K: sub-block `j`'s 6 bits; Q6_K: 16 elements' 8 bits), each twice (both 16-bit halves of the row's
-/// lane, for `madd`); `m[s]` the rows' `−dmin·min` of sub-block `s` (Q4_K); `d` the rows' scales.
+/// lane, for `madd`); `m[s]` the rows' minimum of (sub-)block `s` (Q4_K: `−dmin·min`; Q4_1: `m`); `d` the
+/// rows' super-block scales (K-quants), `db[s]` their block scales (Q4_0, Q4_1, Q5_0: 8 blocks an entry).
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub(in crate::model::kernels) struct W8 {
@@ -19,10 +20,11 @@ pub(in crate::model::kernels) struct W8 {
     k: [[i16; 16]; 16],
     m: [[f32; 8]; 8],
     d: [f32; 8],
+    db: [[f32; 8]; 8],
 }
 
 impl W8 {
-    const ZERO: W8 = W8 { u: [[[0; 32]; 8]; 8], k: [[0; 16]; 16], m: [[0.0; 8]; 8], d: [0.0; 8] };
+    const ZERO: W8 = W8 { u: [[[0; 32]; 8]; 8], k: [[0; 16]; 16], m: [[0.0; 8]; 8], d: [0.0; 8], db: [[0.0; 8]; 8] };
 }
 
 /// The 8 × 8 transpose of 32-bit words: `out[q]` lane `i` = word `q` of `v[i]`.
@@ -62,9 +64,9 @@ pub(in crate::model::kernels) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i;
     ]
 }
 
-/// Packs `rows` rows of type `T` (Q4_K or Q6_K; `row_bytes` apart, `supers` super-blocks each) 8 at a time
-/// into `out` (`rows.div_ceil(8) · supers` entries, a group's super-blocks in order); rows past the end are
-/// zero.
+/// Packs `rows` rows of type `T` (Q4_K, Q6_K, Q4_0, Q4_1 or Q5_0; `row_bytes` apart, `blocks` 32-element
+/// blocks each) 8 at a time into `out` (`rows.div_ceil(8) · blocks.div_ceil(8)` entries, a group's in order:
+/// a super-block or 8 blocks each); rows and blocks past the end are zero.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `w` holds `rows` rows of `row_bytes` bytes.
@@ -73,11 +75,12 @@ pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
     w: &[u8],
     row_bytes: usize,
     rows: usize,
-    supers: usize,
+    blocks: usize,
     out: &mut Vec<W8>,
 ) {
     assert!(w.len() >= rows * row_bytes);
     let bb = block_bytes(T);
+    let supers = blocks.div_ceil(8);
     out.clear();
     out.resize(rows.div_ceil(8) * supers, W8::ZERO);
     for g in 0..rows.div_ceil(8) {
@@ -88,9 +91,19 @@ pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
             let mut sub = [[_mm256_setzero_si256(); 8]; 8];
             for i in 0..n {
                 let row = w.as_ptr().add((8 * g + i) * row_bytes);
-                for (s, sub) in sub.iter_mut().enumerate() {
+                for (s, sub) in sub.iter_mut().enumerate().take(blocks - 8 * sb) {
                     let u = super::tiles::unsigned_block::<T>(row, 8 * sb + s);
                     sub[i] = if T == Q6K { _mm256_sub_epi8(u, _mm256_set1_epi8(32)) } else { u };
+                }
+                if !matches!(T, Q4K | Q6K) {
+                    for s in 0..(blocks - 8 * sb).min(8) {
+                        let b = row.add((8 * sb + s) * bb);
+                        p.db[s][i] = f16(b);
+                        if T == Q4_1 {
+                            p.m[s][i] = f16(b.add(2));
+                        }
+                    }
+                    continue;
                 }
                 let b = row.add(sb * bb);
                 if T == Q6K {
@@ -119,32 +132,48 @@ pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
     }
 }
 
-/// The products of 8 packed rows (`supers` super-blocks of [`W8`], type `T`) with `C` tokens' K-quant
-/// activation rows (`x[c]`, 8 blocks per super-block sharing one scale): one register of 8 rows per token.
+/// The products of 8 packed rows (`blocks.div_ceil(8)` entries of [`W8`], type `T`) with `C` tokens'
+/// activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block share one scale): one
+/// register of 8 rows per token.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `w` holds `supers` entries and each `x[c]` `8 · supers` blocks.
+/// The CPU has AVX2, FMA and F16C; `w` holds the entries and each `x[c]` `blocks` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::model::kernels) unsafe fn tile_rows8<const T: u8, const C: usize>(
     w: *const W8,
     x: [*const Q8Block; C],
-    supers: usize,
+    blocks: usize,
 ) -> [__m256; C] {
+    let k_quant = matches!(T, Q4K | Q6K);
+    // Quarters whose `maddubs` pairs add up in i16 before a `madd`: Q4_K, Q4_0 and Q4_1 (at most 15) all 8
+    // (8 × 2 × 15 × 128 < 2¹⁵), Q6_K's magnitudes (at most 32) and Q5_0 (at most 31) 4.
+    let run = if matches!(T, Q6K | Q5_0) { 4 } else { 8 };
+    let offset = match T {
+        Q5_0 => 16,
+        Q4_0 => 8,
+        _ => 0,
+    };
+    let ones = _mm256_set1_epi16(1);
     let mut f = [_mm256_setzero_ps(); C];
-    for sb in 0..supers {
+    for sb in 0..blocks.div_ceil(8) {
         let wp = &*w.add(sb);
         let mut isum = [_mm256_setzero_si256(); C];
-        for s in 0..8 {
-            // Q4_K: the sub-block's 8 quarters summed in i16 (8 × 2 × 15 × 128 < 2¹⁵), one scale. Q6_K: each
-            // 16-element half (4 quarters, 4 × 2 × 32 × 127 < 2¹⁵) with its own scale.
-            let halves = if T == Q6K { 2 } else { 1 };
-            for h in 0..halves {
+        for s in 0..(blocks - 8 * sb).min(8) {
+            let bi = 8 * sb + s;
+            // 32-element types: the block's sums start at −offset·Σ x.
+            let mut bsum = [_mm256_setzero_si256(); C];
+            if offset != 0 {
+                for (b, x) in bsum.iter_mut().zip(&x) {
+                    *b = _mm256_set1_epi32(-offset * (*x.add(bi)).sum);
+                }
+            }
+            for h in 0..8 / run {
                 let mut a = [_mm256_setzero_si256(); C];
-                for q in (0..8).skip(4 * h).take(8 / halves) {
+                for q in run * h..run * h + run {
                     let v = _mm256_load_si256(wp.u[s][q].as_ptr() as *const __m256i);
                     let mag = if T == Q6K { _mm256_sign_epi8(v, v) } else { v };
                     for (a, x) in a.iter_mut().zip(&x) {
-                        let xb = (*x.add(8 * sb + s)).qs.as_ptr().add(4 * q);
+                        let xb = (*x.add(bi)).qs.as_ptr().add(4 * q);
                         let mut xv = _mm256_set1_epi32(std::ptr::read_unaligned(xb as *const i32));
                         if T == Q6K {
                             xv = _mm256_sign_epi8(xv, v);
@@ -152,23 +181,39 @@ pub(in crate::model::kernels) unsafe fn tile_rows8<const T: u8, const C: usize>(
                         *a = _mm256_add_epi16(*a, _mm256_maddubs_epi16(mag, xv));
                     }
                 }
-                let k = _mm256_load_si256(wp.k[halves * s + h].as_ptr() as *const __m256i);
-                for (isum, a) in isum.iter_mut().zip(&a) {
-                    *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(*a, k));
+                if k_quant {
+                    // Q4_K: one scale a sub-block; Q6_K: one a 16-element half.
+                    let k = _mm256_load_si256(wp.k[if T == Q6K { 2 * s + h } else { s }].as_ptr() as *const __m256i);
+                    for (isum, a) in isum.iter_mut().zip(&a) {
+                        *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(*a, k));
+                    }
+                } else {
+                    for (b, a) in bsum.iter_mut().zip(&a) {
+                        *b = _mm256_add_epi32(*b, _mm256_madd_epi16(*a, ones));
+                    }
                 }
             }
-            if T == Q4K {
+            if !k_quant {
+                let d = _mm256_load_ps(wp.db[s].as_ptr());
+                for (c, (b, x)) in bsum.iter().zip(&x).enumerate() {
+                    let dx = _mm256_set1_ps((*x.add(bi)).d);
+                    f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(*b), _mm256_mul_ps(d, dx), f[c]);
+                }
+            }
+            if T == Q4K || T == Q4_1 {
                 let m = _mm256_load_ps(wp.m[s].as_ptr());
                 for (f, x) in f.iter_mut().zip(&x) {
-                    let xb = &*x.add(8 * sb + s);
+                    let xb = &*x.add(bi);
                     *f = _mm256_fmadd_ps(m, _mm256_set1_ps(xb.d * xb.sum as f32), *f);
                 }
             }
         }
-        let d = _mm256_load_ps(wp.d.as_ptr());
-        for (c, x) in x.iter().enumerate() {
-            let dx = _mm256_set1_ps((*x.add(8 * sb)).d);
-            f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d, dx), f[c]);
+        if k_quant {
+            let d = _mm256_load_ps(wp.d.as_ptr());
+            for (c, x) in x.iter().enumerate() {
+                let dx = _mm256_set1_ps((*x.add(8 * sb)).d);
+                f[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[c]), _mm256_mul_ps(d, dx), f[c]);
+            }
         }
     }
     f
