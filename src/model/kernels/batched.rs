@@ -13,15 +13,17 @@ pub fn int_matmul_supports(t: BlockType) -> bool {
 }
 
 /// The batch from which [`matmul`]'s tiles beat a short batch's mat-vec ([`super::matvec_tokens`]) on the
-/// best tier here. The tiles read each weight block once per 3 tokens (AVX-512; 2 on the 256-bit tiers)
-/// after packing the weights once per call; the short batch reads each row once for all its tokens and (on AVX-512) unpacks each block once
-/// for them all, but the 256-bit tiers run the row's mat-vec again per token. Measured on Qwen 1.5B, 2
-/// threads, Zen 5 (ms a forward, tiles against mat-vec): AVX-512 8 tokens 121 against 109, 12 tokens 152
-/// against 150, 16 tokens 185 against 199; AVX2 2 tokens 80 against 62, 4 tokens 107 against 117, 8
-/// tokens 165 against 214.
+/// best tier here. The tiles read each weight block once per tile of tokens after packing the weights once
+/// per call (on AVX-512 and AVX2 16 or 8 rows into a register's lanes, which costs more than the older
+/// groups did); the short batch reads each row once for all its tokens and (on AVX-512) unpacks each block
+/// once for them all, but the 256-bit tiers run the row's mat-vec again per token. Measured on Qwen 1.5B,
+/// 2 threads, Zen 5 (ms a forward): AVX-512 mat-vec 12 tokens 181, 14 tokens 212, tiles 10 tokens 212, 16
+/// tokens 233–258; AVX2 mat-vec 6 tokens 166, 7 tokens 190, tiles 4 tokens 183, 6 tokens 200, 8 tokens 234.
+/// AVX-VNNI keeps the 2 × 2 group tiles (not measured here: no AVX-VNNI on the development machine).
 pub fn int_matmul_min_rows() -> usize {
     match Tier::best() {
-        Tier::Avx512 => 10,
+        Tier::Avx512 => 16,
+        Tier::Avx2 => 8,
         _ => 4,
     }
 }
