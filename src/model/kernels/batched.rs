@@ -78,7 +78,10 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
         return y;
     }
     #[cfg(target_arch = "x86_64")]
-    if tier == Tier::Avx512 && t != BlockType::Q5K {
+    // Q4_1 stays on the group tiles: on SmolLM2 (576 and 1536 columns) the lanes tiles measured faster
+    // alone (98-152 against 57-143 G multiply-adds/s) but the whole prefill 8-10% slower (alternating
+    // pairs: 588/600/576 against 676/669/587 tok/s), which was not tracked down.
+    if tier == Tier::Avx512 && !matches!(t, BlockType::Q5K | BlockType::Q4_1) {
         match t {
             BlockType::Q4K => matmul_rows16::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
             BlockType::Q6K => matmul_rows16::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
@@ -155,12 +158,11 @@ fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block
     });
 }
 
-/// The batched product of a type `T` (all but Q5_K) on AVX-512 with 16 rows in a register's lanes
+/// The batched product of a type `T` (all but Q5_K and Q4_1) on AVX-512 with 16 rows in a register's lanes
 /// (`avx512::tile_rows16`): each worker packs its 16 rows as one group, then runs tiles of 16 rows × 8
 /// tokens, tokens in passes that stay in L2.
 #[cfg(target_arch = "x86_64")]
 fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
-    use std::arch::x86_64::{__m512, _mm512_storeu_ps};
     const TOKENS: usize = 8;
     let m = xq.len() / blocks;
     // Q6_K: each block's two 16-element sums, for its offset.
@@ -172,7 +174,7 @@ fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Bloc
             })
             .collect()
     } else {
-        vec![[0; 2]; xq.len()]
+        Vec::new()
     };
     let y_ptr = y.as_mut_ptr() as usize;
     let per_pass = (PASS_BYTES / (blocks * std::mem::size_of::<Q8Block>())).clamp(TOKENS, 128) / TOKENS * TOKENS;
@@ -196,22 +198,21 @@ fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Bloc
                 while c < c1 {
                     let cc = (c1 - c).min(TOKENS);
                     let x = |j: usize| xq[(c + j.min(cc - 1)) * blocks..].as_ptr();
-                    let h = |j: usize| hs[(c + j.min(cc - 1)) * blocks..].as_ptr();
+                    // (Read for Q6_K only; empty, and never read, for the other types.)
+                    let h = |j: usize| hs.as_ptr().wrapping_add((c + j.min(cc - 1)) * blocks);
                     let mut out = [[0f32; 16]; TOKENS];
                     // SAFETY: AVX-512 is present; the group's packed super-blocks and the tokens' blocks and
                     // half sums exist; work items write disjoint rows of `y`, only this group's rows.
                     unsafe {
                         macro_rules! tile {
                             ($c:literal) => {{
-                                let v: [__m512; $c] = avx512::tile_rows16::<T, $c>(
+                                let v = avx512::tile_rows16::<T, $c>(
                                     wp.as_ptr(),
                                     std::array::from_fn(&x),
                                     std::array::from_fn(&h),
                                     blocks,
                                 );
-                                for (o, v) in out.iter_mut().zip(v) {
-                                    _mm512_storeu_ps(o.as_mut_ptr(), v);
-                                }
+                                out[..$c].copy_from_slice(&v);
                             }};
                         }
                         match cc {

@@ -103,7 +103,7 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
 
 /// The products of 16 packed rows (`blocks.div_ceil(8)` entries of [`W16`], type `T`) with `C` tokens'
 /// activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block share one scale; `hs[c]`
-/// the sums of each block's two 16-element halves, read for Q6_K): one register of 16 rows per token.
+/// the sums of each block's two 16-element halves, read for Q6_K only): 16 rows' results per token.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds the entries, each `x[c]` `blocks` blocks and for Q6_K each
@@ -114,7 +114,7 @@ pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>
     x: [*const Q8Block; C],
     hs: [*const [i32; 2]; C],
     blocks: usize,
-) -> [__m512; C] {
+) -> [[f32; 16]; C] {
     let k_quant = matches!(T, Q4K | Q5K | Q6K);
     let offset = match T {
         Q6K => 32,
@@ -179,5 +179,9 @@ pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>
             }
         }
     }
-    f
+    let mut out = [[0f32; 16]; C];
+    for (o, f) in out.iter_mut().zip(f) {
+        _mm512_storeu_ps(o.as_mut_ptr(), f);
+    }
+    out
 }
