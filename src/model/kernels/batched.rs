@@ -3,8 +3,6 @@
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use super::{matvec_on, quantize_row_q8_for, BlockType, Q8Block, Tier, QK};
-#[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{__m256, _mm256_storeu_ps};
 
 /// Whether [`matmul`] multiplies prompt-sized batches of a matrix of type `t` on 8-bit integer kernels on
 /// the best tier here, rather than the caller dequantizing the weights for an f32 GEMM.
@@ -50,8 +48,9 @@ fn int_matmul_on(tier: Tier, t: BlockType) -> bool {
 
 /// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` (f32, row-major) and `w` the `n × k` matrix of
 /// type `t` in GGUF block layout: the integer prefill. Each row of `x` is quantized to 8 bits as for
-/// decode; tiles of weight rows × tokens (4 × 3 on AVX-512, 2 × 2 on AVX2 and AVX-VNNI) use each unpacked
-/// weight group for every token of the tile, with the tokens taken a pass at a time so that their
+/// decode; tiles of weight rows × tokens use each unpacked weight block for every token of the tile (16 or 8
+/// rows in a register's lanes on AVX-512 and AVX2, [`matmul_rows16`] and [`matmul_rows8`]; else groups of
+/// 8 blocks, 4 × 3 on AVX-512 and 2 × 2 on AVX-VNNI), with the tokens taken a pass at a time so that their
 /// activations stay in L2 while a worker's rows go over them. The scalar tier, and Q8_0 on plain AVX2,
 /// run one mat-vec per token (the reference the tests compare against).
 pub fn matmul(t: BlockType, w: &[u8], n: usize, k: usize, x: &[f32]) -> Vec<f32> {
@@ -86,9 +85,9 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
             BlockType::Q4K => matmul_rows16::<{ avx2::Q4K }>(w, n, row_bytes, &xq, blocks, &mut y),
             BlockType::Q6K => matmul_rows16::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
             BlockType::Q4_0 => matmul_rows16::<{ avx2::Q4_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
-            BlockType::Q4_1 => matmul_rows16::<{ avx2::Q4_1 }>(w, n, row_bytes, &xq, blocks, &mut y),
             BlockType::Q5_0 => matmul_rows16::<{ avx2::Q5_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
-            _ => matmul_rows16::<{ avx2::Q8_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q8_0 => matmul_rows16::<{ avx2::Q8_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            _ => unreachable!("{t:?} is not on the lanes tiles"),
         }
         return y;
     }
@@ -99,7 +98,8 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
             BlockType::Q6K => matmul_rows8::<{ avx2::Q6K }>(w, n, row_bytes, &xq, blocks, &mut y),
             BlockType::Q4_0 => matmul_rows8::<{ avx2::Q4_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
             BlockType::Q4_1 => matmul_rows8::<{ avx2::Q4_1 }>(w, n, row_bytes, &xq, blocks, &mut y),
-            _ => matmul_rows8::<{ avx2::Q5_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            BlockType::Q5_0 => matmul_rows8::<{ avx2::Q5_0 }>(w, n, row_bytes, &xq, blocks, &mut y),
+            _ => unreachable!("{t:?} is not on the lanes tiles"),
         }
         return y;
     }
@@ -108,9 +108,9 @@ pub fn matmul_on(tier: Tier, t: BlockType, w: &[u8], n: usize, k: usize, x: &[f3
     y
 }
 
-/// The batched product of a type `T` (Q4_K, Q6_K, Q4_0, Q4_1, Q5_0) on AVX2 with 8 rows in a register's lanes (`avx2::tile_rows8`): each
-/// worker packs its 16 rows as two groups of 8, then runs tiles of 8 rows × 4 tokens, tokens in passes
-/// that stay in L2.
+/// The batched product of a type `T` (Q4_K, Q6_K, Q4_0, Q4_1, Q5_0) on AVX2 with 8 rows in a register's
+/// lanes (`avx2::tile_rows8`): each work item of 16 rows packed as two groups of 8, then tiles of 8 rows ×
+/// 4 tokens, tokens in passes that stay in L2.
 #[cfg(target_arch = "x86_64")]
 fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block], blocks: usize, y: &mut [f32]) {
     let supers = blocks.div_ceil(8);
@@ -118,40 +118,45 @@ fn matmul_rows8<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Block
     let y_ptr = y.as_mut_ptr() as usize;
     let per_pass = (PASS_BYTES / (blocks * std::mem::size_of::<Q8Block>())).clamp(8, 128) / 4 * 4;
     crate::model::pool::pool().for_chunks(n.div_ceil(ROWS_PER_ITEM), |items| {
-        let first = items.start * ROWS_PER_ITEM;
-        let last = n.min(items.end * ROWS_PER_ITEM);
         let mut wp = Vec::new();
-        // SAFETY: AVX2 is present (the caller's tier); the rows lie inside `w`.
-        unsafe {
-            avx2::pack_rows8::<T>(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, blocks, &mut wp)
-        };
-        for c0 in (0..m).step_by(per_pass) {
-            let c1 = m.min(c0 + per_pass);
-            for g in 0..(last - first).div_ceil(8) {
-                let rows = (last - first - 8 * g).min(8);
-                let r = first + 8 * g;
-                let mut c = c0;
-                while c < c1 {
-                    let cc = (c1 - c).min(4);
-                    let x = |j: usize| xq[(c + j.min(cc - 1)) * blocks..].as_ptr();
-                    // SAFETY: AVX2 is present; the group's packed super-blocks and the tokens' blocks exist;
-                    // work items write disjoint rows of `y`, and only this group's `rows` rows are written.
-                    unsafe {
-                        let wg = wp.as_ptr().add(g * supers);
-                        let out: [__m256; 4] = match cc {
-                            4 => avx2::tile_rows8::<T, 4>(wg, [x(0), x(1), x(2), x(3)], blocks),
-                            3 => pad(avx2::tile_rows8::<T, 3>(wg, [x(0), x(1), x(2)], blocks)),
-                            2 => pad(avx2::tile_rows8::<T, 2>(wg, [x(0), x(1)], blocks)),
-                            _ => pad(avx2::tile_rows8::<T, 1>(wg, [x(0)], blocks)),
-                        };
-                        for (j, v) in out.iter().enumerate().take(cc) {
-                            let mut row = [0f32; 8];
-                            _mm256_storeu_ps(row.as_mut_ptr(), *v);
-                            let dst = (y_ptr as *mut f32).add((c + j) * n + r);
-                            std::ptr::copy_nonoverlapping(row.as_ptr(), dst, rows);
+        for item in items {
+            let first = item * ROWS_PER_ITEM;
+            let last = n.min(first + ROWS_PER_ITEM);
+            // SAFETY: AVX2 is present (the caller's tier); the rows lie inside `w`.
+            unsafe {
+                avx2::pack_rows8::<T>(&w[first * row_bytes..last * row_bytes], row_bytes, last - first, blocks, &mut wp)
+            };
+            for c0 in (0..m).step_by(per_pass) {
+                let c1 = m.min(c0 + per_pass);
+                for g in 0..(last - first).div_ceil(8) {
+                    let rows = (last - first - 8 * g).min(8);
+                    let r = first + 8 * g;
+                    let mut c = c0;
+                    while c < c1 {
+                        let cc = (c1 - c).min(4);
+                        let x = |j: usize| xq[(c + j.min(cc - 1)) * blocks..].as_ptr();
+                        let mut out = [[0f32; 8]; 4];
+                        // SAFETY: AVX2 is present; the group's packed super-blocks and the tokens' blocks
+                        // exist; work items write disjoint rows of `y`, only this group's `rows` rows.
+                        unsafe {
+                            let wg = wp.as_ptr().add(g * supers);
+                            match cc {
+                                4 => {
+                                    out.copy_from_slice(&avx2::tile_rows8::<T, 4>(wg, [x(0), x(1), x(2), x(3)], blocks))
+                                }
+                                3 => {
+                                    out[..3].copy_from_slice(&avx2::tile_rows8::<T, 3>(wg, [x(0), x(1), x(2)], blocks))
+                                }
+                                2 => out[..2].copy_from_slice(&avx2::tile_rows8::<T, 2>(wg, [x(0), x(1)], blocks)),
+                                _ => out[..1].copy_from_slice(&avx2::tile_rows8::<T, 1>(wg, [x(0)], blocks)),
+                            }
+                            for (j, o) in out.iter().enumerate().take(cc) {
+                                let dst = (y_ptr as *mut f32).add((c + j) * n + r);
+                                std::ptr::copy_nonoverlapping(o.as_ptr(), dst, rows);
+                            }
                         }
+                        c += cc;
                     }
-                    c += cc;
                 }
             }
         }
@@ -235,15 +240,6 @@ fn matmul_rows16<const T: u8>(w: &[u8], n: usize, row_bytes: usize, xq: &[Q8Bloc
             }
         }
     });
-}
-
-/// A tile's `C` token registers in a 4-register array (the rest zero).
-#[cfg(target_arch = "x86_64")]
-fn pad<const C: usize>(v: [std::arch::x86_64::__m256; C]) -> [std::arch::x86_64::__m256; 4] {
-    // SAFETY: an all-zero __m256 is a valid value.
-    let mut out = [unsafe { std::mem::zeroed() }; 4];
-    out[..C].copy_from_slice(&v);
-    out
 }
 
 /// Rows per work item of the batched products, and the bytes of packed activations per pass over a work

@@ -229,7 +229,18 @@ fn q4k_scales_unpack_all_at_once_as_one_at_a_time() {
 /// of rows and tokens that do not fill a tile, an odd number of 32-element blocks and partial groups,
 /// and enough tokens for more than one pass.
 fn check_batched(tier: Tier) {
-    for (n, k, m) in [(1, 32, 1), (7, 96, 5), (33, 256, 4), (9, 768, 70), (64, 512, 131), (5, 4864, 40), (6, 800, 8)] {
+    for (n, k, m) in [
+        (1, 32, 1),
+        (7, 96, 5),
+        (33, 256, 4),
+        (9, 768, 70),
+        (64, 512, 131),
+        (5, 4864, 40),
+        (6, 800, 8),
+        (40, 512, 7),
+        (17, 256, 13),
+        (18, 896, 10),
+    ] {
         for ty in TYPES {
             let t = BlockType::of(ty).unwrap();
             if k % t.block_elems() != 0 {

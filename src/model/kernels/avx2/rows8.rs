@@ -1,4 +1,4 @@
-//! The AVX2 batched product for Q4_K and Q6_K with 8 weight rows in the lanes of a register: each 32-bit
+//! The AVX2 batched product (Q4_K, Q6_K, Q4_0, Q4_1, Q5_0) with 8 weight rows in the lanes of a register: each 32-bit
 //! lane holds 4 quants of one row, so one `maddubs` against 4 activation bytes broadcast to every lane
 //! advances 8 rows of one token at once, the sub-block scales apply per lane with one `madd`, and a tile's
 //! sums are already one register per token (8 rows, stored as they are: no horizontal sums). The 2 × 2
@@ -133,8 +133,8 @@ pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
 }
 
 /// The products of 8 packed rows (`blocks.div_ceil(8)` entries of [`W8`], type `T`) with `C` tokens'
-/// activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block share one scale): one
-/// register of 8 rows per token.
+/// activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block share one scale): 8 rows'
+/// results per token.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `w` holds the entries and each `x[c]` `blocks` blocks.
@@ -143,7 +143,8 @@ pub(in crate::model::kernels) unsafe fn tile_rows8<const T: u8, const C: usize>(
     w: *const W8,
     x: [*const Q8Block; C],
     blocks: usize,
-) -> [__m256; C] {
+) -> [[f32; 8]; C] {
+    assert!(matches!(T, Q4K | Q6K | Q4_0 | Q4_1 | Q5_0), "no 8-rows tile for type code {T}");
     let k_quant = matches!(T, Q4K | Q6K);
     // Quarters whose `maddubs` pairs add up in i16 before a `madd`: Q4_K, Q4_0 and Q4_1 (at most 15) all 8
     // (8 × 2 × 15 × 128 < 2¹⁵), Q6_K's magnitudes (at most 32) and Q5_0 (at most 31) 4.
@@ -216,5 +217,9 @@ pub(in crate::model::kernels) unsafe fn tile_rows8<const T: u8, const C: usize>(
             }
         }
     }
-    f
+    let mut out = [[0f32; 8]; C];
+    for (o, f) in out.iter_mut().zip(f) {
+        _mm256_storeu_ps(o.as_mut_ptr(), f);
+    }
+    out
 }

@@ -115,7 +115,9 @@ pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>
     hs: [*const [i32; 2]; C],
     blocks: usize,
 ) -> [[f32; 16]; C] {
-    let k_quant = matches!(T, Q4K | Q5K | Q6K);
+    // Q5_K's minimums are not applied here (and it is not routed here).
+    assert!(T != Q5K, "no 16-rows tile for Q5_K");
+    let k_quant = matches!(T, Q4K | Q6K);
     let offset = match T {
         Q6K => 32,
         Q8_0 => 128,
