@@ -380,48 +380,14 @@ unsafe fn rows_tokens_into(
         return;
     }
     let _ = packed;
-    #[cfg(target_arch = "x86_64")]
-    if tier != Tier::Scalar {
-        use avx2::*;
-        // Short rows four at a time (sharing each activation load), as the mat-vec takes them.
-        let four = !one_row_at_a_time(tier, t, row_bytes);
-        let mut r = rows.start;
-        while r < rows.end {
-            let base = w.as_ptr().add(r * row_bytes);
-            let step = if four && rows.end - r >= 4 { 4 } else { 1 };
-            for (c, xc) in x.chunks_exact(blocks).enumerate() {
-                macro_rules! dot {
-                    ($f:ident, $code:expr) => {
-                        if step == 4 {
-                            let v = $f::<{ $code }, 4>(base, row_bytes, xc);
-                            std::ptr::copy_nonoverlapping(v.as_ptr(), y.add(c * n + r), 4);
-                        } else {
-                            *y.add(c * n + r) = $f::<{ $code }, 1>(base, row_bytes, xc)[0];
-                        }
-                    };
-                }
-                match (code(t), tier == Tier::AvxVnni) {
-                    (Q4_0, false) => dot!(rows_dot, Q4_0),
-                    (Q4_1, false) => dot!(rows_dot, Q4_1),
-                    (Q5_0, false) => dot!(rows_dot, Q5_0),
-                    (Q8_0, false) => dot!(rows_dot, Q8_0),
-                    (Q4_0, true) => dot!(rows_dot_vnni, Q4_0),
-                    (Q4_1, true) => dot!(rows_dot_vnni, Q4_1),
-                    (Q5_0, true) => dot!(rows_dot_vnni, Q5_0),
-                    (Q8_0, true) => dot!(rows_dot_vnni, Q8_0),
-                    (Q4K, _) => dot!(rows_dot_k, Q4K),
-                    (Q5K, _) => dot!(rows_dot_k, Q5K),
-                    (_, _) => dot!(rows_dot_k, Q6K),
-                }
-            }
-            r += step;
-        }
-        return;
-    }
-    for r in rows {
-        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+    // The other tiers: each run of four rows (in L1 after the first token) through the mat-vec's own row
+    // kernels, one token at a time: short rows four at a time, long rows one at a time.
+    let unpacked = Packed::default();
+    for r in rows.clone().step_by(4) {
+        let count = (rows.end - r).min(4);
         for (c, xc) in x.chunks_exact(blocks).enumerate() {
-            *y.add(c * n + r) = row_dot_scalar(t, row, xc);
+            let out = std::slice::from_raw_parts_mut(y.add(c * n + r), count);
+            rows_dot_into(tier, t, w, row_bytes, r, xc, &unpacked, out);
         }
     }
 }
