@@ -8,7 +8,7 @@ use super::{BlockType, Q8Block};
 
 mod rows8;
 mod tiles;
-pub(super) use rows8::{pack_rows8, tile_rows8, transpose8};
+pub(super) use rows8::{lane_scales, pack_rows8, tile_rows8, transpose8};
 pub(super) use tiles::unsigned_block as unsigned_sub_block;
 pub(super) use tiles::{pack_weight_groups, put_blocks, put_super_scales, tile_groups, tile_groups_vnni};
 

@@ -64,6 +64,61 @@ pub(in crate::model::kernels) unsafe fn transpose8(v: [__m256i; 8]) -> [__m256i;
     ]
 }
 
+/// One row's scales for entry `sb` of the lanes tiles (a super-block, or 8 blocks of a 32-element type;
+/// `blocks` in the row), as both packers lay them out: `d` the super-block's scale, `k` the integer scale
+/// of each scale group (Q4_K/Q5_K: 8 sub-blocks; Q6_K: 16 halves), `m` each (sub-)block's minimum
+/// (Q4_K/Q5_K: `−dmin·min`; Q4_1: `m`), `db` each 32-element block's scale. Fields a type has not stay zero.
+#[derive(Default)]
+pub(in crate::model::kernels) struct LaneScales {
+    pub(in crate::model::kernels) d: f32,
+    pub(in crate::model::kernels) k: [i32; 16],
+    pub(in crate::model::kernels) m: [f32; 8],
+    pub(in crate::model::kernels) db: [f32; 8],
+}
+
+/// [`LaneScales`] of entry `sb` of the row at `row` (type `T`, `blocks` 32-element blocks).
+///
+/// # Safety
+/// The row holds `blocks` blocks of type `T`.
+#[inline(always)]
+pub(in crate::model::kernels) unsafe fn lane_scales<const T: u8>(
+    row: *const u8,
+    sb: usize,
+    blocks: usize,
+) -> LaneScales {
+    let bb = block_bytes(T);
+    let mut sc = LaneScales::default();
+    match T {
+        Q6K => {
+            let b = row.add(sb * bb);
+            sc.d = f16(b.add(208));
+            for (j, k) in sc.k.iter_mut().enumerate() {
+                *k = *(b.add(192 + j) as *const i8) as i32;
+            }
+        }
+        Q4K | Q5K => {
+            let b = row.add(sb * bb);
+            let dmin = f16(b.add(2));
+            let (s, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+            sc.d = f16(b);
+            for j in 0..8 {
+                sc.k[j] = s[j] as i32;
+                sc.m[j] = -dmin * mn[j] as f32;
+            }
+        }
+        _ => {
+            for s in 0..(blocks - 8 * sb).min(8) {
+                let b = row.add((8 * sb + s) * bb);
+                sc.db[s] = f16(b);
+                if T == Q4_1 {
+                    sc.m[s] = f16(b.add(2));
+                }
+            }
+        }
+    }
+    sc
+}
+
 /// Packs `rows` rows of type `T` (Q4_K, Q6_K, Q4_0, Q4_1 or Q5_0; `row_bytes` apart, `blocks` 32-element
 /// blocks each) 8 at a time into `out` (`rows.div_ceil(8) · blocks.div_ceil(8)` entries, a group's in order:
 /// a super-block or 8 blocks each); rows and blocks past the end are zero.
@@ -79,7 +134,6 @@ pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
     out: &mut Vec<W8>,
 ) {
     assert!(w.len() >= rows * row_bytes);
-    let bb = block_bytes(T);
     let supers = blocks.div_ceil(8);
     out.clear();
     out.resize(rows.div_ceil(8) * supers, W8::ZERO);
@@ -95,32 +149,16 @@ pub(in crate::model::kernels) unsafe fn pack_rows8<const T: u8>(
                     let u = super::tiles::unsigned_block::<T>(row, 8 * sb + s);
                     sub[i] = if T == Q6K { _mm256_sub_epi8(u, _mm256_set1_epi8(32)) } else { u };
                 }
-                if !matches!(T, Q4K | Q6K) {
-                    for s in 0..(blocks - 8 * sb).min(8) {
-                        let b = row.add((8 * sb + s) * bb);
-                        p.db[s][i] = f16(b);
-                        if T == Q4_1 {
-                            p.m[s][i] = f16(b.add(2));
-                        }
-                    }
-                    continue;
+                // Scale group `j`'s integer scale twice (both 16-bit halves of the row's lane, for `madd`).
+                let sc = lane_scales::<T>(row, sb, blocks);
+                p.d[i] = sc.d;
+                for j in 0..16 {
+                    p.k[j][2 * i] = sc.k[j] as i16;
+                    p.k[j][2 * i + 1] = sc.k[j] as i16;
                 }
-                let b = row.add(sb * bb);
-                if T == Q6K {
-                    p.d[i] = f16(b.add(208));
-                    for j in 0..16 {
-                        p.k[j][2 * i] = *(b.add(192 + j) as *const i8) as i16;
-                        p.k[j][2 * i + 1] = p.k[j][2 * i];
-                    }
-                } else {
-                    let (d, dmin) = (f16(b), f16(b.add(2)));
-                    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-                    p.d[i] = d;
-                    for s in 0..8 {
-                        p.k[s][2 * i] = sc[s] as i16;
-                        p.k[s][2 * i + 1] = sc[s] as i16;
-                        p.m[s][i] = -dmin * mn[s] as f32;
-                    }
+                for s in 0..8 {
+                    p.m[s][i] = sc.m[s];
+                    p.db[s][i] = sc.db[s];
                 }
             }
             for (s, rows8) in sub.into_iter().enumerate() {

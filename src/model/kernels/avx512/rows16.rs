@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::avx2::{block_bytes, f16, Q4K, Q4_1, Q5K, Q6K, Q8_0};
+use super::super::avx2::{Q4K, Q4_1, Q5K, Q6K, Q8_0};
 use super::super::Q8Block;
 
 /// Sixteen rows' super-block (or 8 blocks of a 32-element type), interleaved: `u[s][q]` holds quants
@@ -47,8 +47,6 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
     out: &mut Vec<W16>,
 ) {
     assert!(w.len() >= rows * row_bytes);
-    let bb = block_bytes(T);
-    let k_quant = matches!(T, Q4K | Q5K | Q6K);
     let supers = blocks.div_ceil(8);
     out.clear();
     out.resize(rows.div_ceil(16) * supers, W16::ZERO);
@@ -63,30 +61,14 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
                 for (s, sub) in sub.iter_mut().enumerate().take(blocks - 8 * sb) {
                     sub[i] = super::super::avx2::unsigned_sub_block::<T>(row, 8 * sb + s);
                 }
-                if !k_quant {
-                    for s in 0..(blocks - 8 * sb).min(8) {
-                        let b = row.add((8 * sb + s) * bb);
-                        p.db[s][i] = f16(b);
-                        if T == Q4_1 {
-                            p.m[s][i] = f16(b.add(2));
-                        }
-                    }
-                    continue;
+                let sc = super::super::avx2::lane_scales::<T>(row, sb, blocks);
+                p.d[i] = sc.d;
+                for j in 0..16 {
+                    p.k[j][i] = sc.k[j];
                 }
-                let b = row.add(sb * bb);
-                if T == Q6K {
-                    p.d[i] = f16(b.add(208));
-                    for j in 0..16 {
-                        p.k[j][i] = *(b.add(192 + j) as *const i8) as i32;
-                    }
-                } else {
-                    let (d, dmin) = (f16(b), f16(b.add(2)));
-                    let (sc, mn) = super::super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
-                    p.d[i] = d;
-                    for s in 0..8 {
-                        p.k[s][i] = sc[s] as i32;
-                        p.m[s][i] = -dmin * mn[s] as f32;
-                    }
+                for s in 0..8 {
+                    p.m[s][i] = sc.m[s];
+                    p.db[s][i] = sc.db[s];
                 }
             }
             for (s, rows16) in sub.into_iter().enumerate() {
