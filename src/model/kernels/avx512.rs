@@ -215,10 +215,10 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const C: usize>(
 /// order), the i16 scale of each of their 16-bit lanes, the 16 values that multiply the token's 16-element
 /// sums (Q4_K/Q5_K: each minimum twice; Q6_K: the scales) with their factor, and the scale `d`.
 #[inline(always)]
-unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4], __m256i, f32, f32) {
+unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4], __m256i, __m512, __m512) {
     let m4 = _mm512_set1_epi8(0x0F);
     if T == Q6K {
-        let d = f16(b.add(208));
+        let d = f16_splat(b.add(208));
         let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
         let scz = _mm512_castsi256_si512(sc);
         // Pair j covers scales 4j .. 4j+4, 8 lanes each. (Loops, not closures: a closure would not inherit
@@ -273,9 +273,9 @@ unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]
             u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(up, m30));
             u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(down, m30));
         }
-        return (u, s, sc, d, -32.0 * d);
+        return (u, s, sc, d, _mm512_mul_ps(d, _mm512_set1_ps(-32.0)));
     }
-    let (d, dmin) = (f16(b), f16(b.add(2)));
+    let (d, dmin) = (f16_splat(b), f16_splat(b.add(2)));
     let (sc, mn) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
     let scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(sc))));
     // Pairs 0+2, 1+3, 4+6, 5+7: 16 lanes each.
@@ -312,7 +312,15 @@ unsafe fn unpack_super<const T: u8>(b: *const u8) -> ([__m512i; 4], [__m512i; 4]
             *u = _mm512_mask_add_epi8(*u, _mm512_test_epi8_mask(qh, bit), *u, _mm512_set1_epi8(16));
         }
     }
-    (u, s, mins, d, -dmin)
+    (u, s, mins, d, _mm512_sub_ps(_mm512_setzero_ps(), dmin))
+}
+
+/// The f16 at `b` in every lane. A whole-register broadcast: a scalar conversion (`f16`) of a 16-bit load
+/// compiles to `vpinsrw` into whatever register the compiler picks, which made each super-block wait for
+/// the previous one's accumulator (a false dependency through the unused lanes).
+#[inline(always)]
+unsafe fn f16_splat(b: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi16(std::ptr::read_unaligned(b as *const i16)))
 }
 
 /// Dot products of `R` K-quant rows with `C` packed activation rows (`xstride` super-blocks apart,
@@ -334,14 +342,19 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize, const C: usize>(
             let (u, s, m, d, dm) = unpack_super::<T>(b);
             for (c, acc) in acc.iter_mut().enumerate() {
                 let xp = &*x.add(c * xstride + sb);
-                let mut sumi = _mm512_setzero_si512();
-                for ((u, q), s) in u.iter().zip(&xp.qs).zip(&s) {
-                    let q = _mm512_loadu_si512(q.as_ptr() as *const __m512i);
-                    sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(*u, q), *s);
+                // Two chains of two, not one of four: `vpdpwssd`'s latency would otherwise bound the loop.
+                let mut q = [_mm512_setzero_si512(); 4];
+                for (q, x) in q.iter_mut().zip(&xp.qs) {
+                    *q = _mm512_loadu_si512(x.as_ptr() as *const __m512i);
                 }
+                let s0 = _mm512_madd_epi16(_mm512_maddubs_epi16(u[0], q[0]), s[0]);
+                let s1 = _mm512_madd_epi16(_mm512_maddubs_epi16(u[1], q[1]), s[1]);
+                let s0 = _mm512_dpwssd_epi32(s0, _mm512_maddubs_epi16(u[2], q[2]), s[2]);
+                let s1 = _mm512_dpwssd_epi32(s1, _mm512_maddubs_epi16(u[3], q[3]), s[3]);
+                let sumi = _mm512_add_epi32(s0, s1);
                 let mm = _mm256_madd_epi16(m, _mm256_loadu_si256(xp.bsum.as_ptr() as *const __m256i));
-                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d));
-                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), _mm512_set1_ps(dm), v);
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(sumi), d);
+                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mm)), dm, v);
                 *acc = _mm512_fmadd_ps(v, _mm512_set1_ps(xp.d), *acc);
             }
         }
