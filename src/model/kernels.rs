@@ -295,15 +295,15 @@ pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8
     let row_bytes = t.row_bytes(cols);
     assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {cols} columns");
     assert_eq!(y.len(), m * rows, "the output is not {m} rows of {rows}");
+    // Each token's activations packed for `tier`, and on AVX-512 all of them one after another.
+    let tokens: Vec<Packed> = x.chunks_exact(blocks).map(|xc| pack(tier, t, xc)).collect();
     let mut packed = Packed::default();
-    for xc in x.chunks_exact(blocks) {
-        let p = pack(tier, t, xc);
-        #[cfg(target_arch = "x86_64")]
-        {
+    #[cfg(target_arch = "x86_64")]
+    if tier == Tier::Avx512 {
+        for p in &tokens {
             packed.supers.extend_from_slice(&p.supers);
             packed.pairs.extend_from_slice(&p.pairs);
         }
-        let _ = p;
     }
     const ROWS_PER_ITEM: usize = 16;
     let y_ptr = y.as_mut_ptr() as usize;
@@ -311,7 +311,9 @@ pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8
         let first = items.start * ROWS_PER_ITEM;
         let last = rows.min(items.end * ROWS_PER_ITEM);
         // SAFETY: work items are disjoint row ranges, and every token's output row holds all `rows`.
-        unsafe { rows_tokens_into(tier, t, w, row_bytes, first..last, x, m, &packed, y_ptr as *mut f32, rows) };
+        unsafe {
+            rows_tokens_into(tier, t, w, row_bytes, first..last, x, m, &packed, &tokens, y_ptr as *mut f32, rows)
+        };
     };
     if w.len() * m < 64 * 1024 {
         run(0..rows.div_ceil(ROWS_PER_ITEM));
@@ -320,7 +322,8 @@ pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8
     }
 }
 
-/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`, four rows at a time.
+/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`, four rows at a time; `packed`
+/// holds every token's activations packed for AVX-512, `tokens` each token's packing.
 ///
 /// # Safety
 /// `y` holds `m · n` floats, `rows` lie inside both `w` and `0..n`, and no other thread writes these rows.
@@ -334,6 +337,7 @@ unsafe fn rows_tokens_into(
     x: &[Q8Block],
     m: usize,
     packed: &Packed,
+    tokens: &[Packed],
     y: *mut f32,
     n: usize,
 ) {
@@ -382,12 +386,11 @@ unsafe fn rows_tokens_into(
     let _ = packed;
     // The other tiers: each run of four rows (in L1 after the first token) through the mat-vec's own row
     // kernels, one token at a time: short rows four at a time, long rows one at a time.
-    let unpacked = Packed::default();
     for r in rows.clone().step_by(4) {
         let count = (rows.end - r).min(4);
-        for (c, xc) in x.chunks_exact(blocks).enumerate() {
+        for (c, (xc, packed)) in x.chunks_exact(blocks).zip(tokens).enumerate() {
             let out = std::slice::from_raw_parts_mut(y.add(c * n + r), count);
-            rows_dot_into(tier, t, w, row_bytes, r, xc, &unpacked, out);
+            rows_dot_into(tier, t, w, row_bytes, r, xc, packed, out);
         }
     }
 }
@@ -405,17 +408,25 @@ struct Packed {
     supers: Vec<avx512::XSuper>,
     #[cfg(target_arch = "x86_64")]
     pairs: Vec<avx512::XPair>,
+    /// The 256-bit tiers' Q4_K and Q5_K kernels: each super-block's 8 block sums.
+    #[cfg(target_arch = "x86_64")]
+    bsums: Vec<[i16; 8]>,
 }
 
-/// `x` packed for weights of type `t` where the tier's kernels want it so (AVX-512), else empty.
+/// `x` packed for weights of type `t` where the tier's kernels want it so (AVX-512; the 256-bit tiers'
+/// Q4_K and Q5_K), else empty.
 fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Packed {
     let mut out = Packed::default();
     #[cfg(target_arch = "x86_64")]
-    if tier == Tier::Avx512 {
-        match t.block_elems() > QK {
+    match tier {
+        Tier::Avx512 => match t.block_elems() > QK {
             true => avx512::pack_supers(avx2::code(t), x, &mut out.supers),
             false => avx512::pack_pairs(avx2::code(t), x, &mut out.pairs),
+        },
+        Tier::Avx2 | Tier::AvxVnni if matches!(t, BlockType::Q4K | BlockType::Q5K) => {
+            avx2::block_sums(x, &mut out.bsums)
         }
+        _ => {}
     }
     let _ = (tier, t, x);
     out
@@ -521,6 +532,11 @@ fn rows_dot_into(
         use avx2::*;
         let n = out.len();
         assert!((first + n) * row_bytes <= w.len());
+        let bsums = &packed.bsums;
+        assert!(
+            !matches!(t, BlockType::Q4K | BlockType::Q5K) || bsums.len() * 8 == x.len(),
+            "the activations' block sums are packed for {t:?}"
+        );
         let mut r = 0;
         // SAFETY: the tier's CPU features are present (`matvec_on` checks) and every row read lies inside
         // `w` (asserted).
@@ -528,13 +544,14 @@ fn rows_dot_into(
             let base = w.as_ptr().add(first * row_bytes);
             let long = one_row_at_a_time(tier, t, row_bytes);
             macro_rules! run {
-                ($f:ident, $code:expr) => {{
+                ($f:ident, $code:expr $(, $extra:expr)?) => {{
                     while r + 4 <= n && !long {
-                        out[r..r + 4].copy_from_slice(&$f::<{ $code }, 4>(base.add(r * row_bytes), row_bytes, x));
+                        let y = $f::<{ $code }, 4>(base.add(r * row_bytes), row_bytes, x $(, $extra)?);
+                        out[r..r + 4].copy_from_slice(&y);
                         r += 4;
                     }
                     while r < n {
-                        out[r] = $f::<{ $code }, 1>(base.add(r * row_bytes), row_bytes, x)[0];
+                        out[r] = $f::<{ $code }, 1>(base.add(r * row_bytes), row_bytes, x $(, $extra)?)[0];
                         r += 1;
                     }
                 }};
@@ -544,17 +561,17 @@ fn rows_dot_into(
                 (Q4_1, false) => run!(rows_dot, Q4_1),
                 (Q5_0, false) => run!(rows_dot, Q5_0),
                 (Q8_0, false) => run!(rows_dot, Q8_0),
-                (Q4K, false) => run!(rows_dot_k, Q4K),
-                (Q5K, false) => run!(rows_dot_k, Q5K),
-                (_, false) => run!(rows_dot_k, Q6K),
+                (Q4K, false) => run!(rows_dot_k, Q4K, bsums),
+                (Q5K, false) => run!(rows_dot_k, Q5K, bsums),
+                (_, false) => run!(rows_dot_k, Q6K, bsums),
                 (Q4_0, true) => run!(rows_dot_vnni, Q4_0),
                 (Q4_1, true) => run!(rows_dot_vnni, Q4_1),
                 (Q5_0, true) => run!(rows_dot_vnni, Q5_0),
                 (Q8_0, true) => run!(rows_dot_vnni, Q8_0),
                 // The K-quant kernels scale in the integer domain with `madd`, which VNNI has no form of.
-                (Q4K, true) => run!(rows_dot_k, Q4K),
-                (Q5K, true) => run!(rows_dot_k, Q5K),
-                (_, true) => run!(rows_dot_k, Q6K),
+                (Q4K, true) => run!(rows_dot_k, Q4K, bsums),
+                (Q5K, true) => run!(rows_dot_k, Q5K, bsums),
+                (_, true) => run!(rows_dot_k, Q6K, bsums),
             }
         }
         return;

@@ -182,7 +182,12 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
 /// assembled from `ql` nibbles and `qh` bit pairs as unsigned 0..63; the offset 32 comes off as
 /// `maddubs(32, qx)` (computed once for all rows), and each 16-element half takes its own scale.
 #[inline(always)]
-unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: usize, x: &[Q8Block]) -> [f32; R] {
+unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
+    rows: *const u8,
+    stride: usize,
+    x: &[Q8Block],
+    bsums: &[[i16; 8]],
+) -> [f32; R] {
     let bb = block_bytes(T);
     let mut acc = [_mm256_setzero_ps(); R];
     // Q4_K, Q5_K: `Σ dmin·d_x·min·Σ qx` over the super-blocks, in 4 lanes.
@@ -197,20 +202,19 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
         }
         let dx = xs[0].d;
         if T == Q4K || T == Q5K {
-            // The activation blocks' sums as 16-bit lanes (a block of 32 bytes sums to at most 4096 in
-            // magnitude), for the minimums' term, one `madd` a row.
-            let mut bs = [0i16; 8];
-            for (b, x) in bs.iter_mut().zip(xs) {
-                *b = x.sum as i16;
-            }
-            let bsums = _mm_loadu_si128(bs.as_ptr() as *const __m128i);
+            // The activation blocks' sums as 16-bit lanes, for the minimums' term, one `madd` a row.
+            let bsums = _mm_loadu_si128(bsums[sb].as_ptr() as *const __m128i);
+            let dx4 = _mm_set1_ps(dx);
             // Q5_K: the quants start after 32 bytes of fifth bits; bit `s` of `qh[l]` belongs to element
             // `l` of sub-block `s`.
             let qs = if T == Q5K { 48 } else { 16 };
             for r in 0..R {
                 let b = rows.add(r * stride + sb * bb);
                 prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
-                let (d, dmin) = (f16(b), f16(b.add(2)));
+                // `d` and `dmin` converted together from one 32-bit load (a 16-bit load moved into a
+                // vector compiles to `vpinsrw` into a register the compiler picks, here an accumulator: a
+                // false dependency from each super-block to the last), times the activations' scale.
+                let dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32))), dx4);
                 // The 8 scales and minimums unpacked at once into 16-bit lanes; each sub-block's scale is
                 // broadcast from them with one shuffle.
                 let (scales, mins) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
@@ -231,9 +235,9 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(rows: *const u8, stride: 
                     let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qx[2 * j + 1]), s1);
                     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
                 }
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcastss_ps(dd), acc[r]);
                 let summ = _mm_madd_epi16(widen_bytes(mins), bsums);
-                min_acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(summ), _mm_set1_ps(dmin * dx), min_acc[r]);
+                min_acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(summ), _mm_permute_ps::<0b0101_0101>(dd), min_acc[r]);
             }
         } else {
             let mut off = [_mm256_setzero_si256(); 8];
@@ -420,8 +424,17 @@ pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
     rows: *const u8,
     stride: usize,
     x: &[Q8Block],
+    bsums: &[[i16; 8]],
 ) -> [f32; R] {
-    rows_dot_k_impl::<T, R>(rows, stride, x)
+    rows_dot_k_impl::<T, R>(rows, stride, x, bsums)
+}
+
+/// Each super-block's 8 activation block sums as i16 (a block of 32 bytes sums to at most 4096 in
+/// magnitude), which the Q4_K and Q5_K kernels multiply with the rows' minimums: packed once per token,
+/// not once per row.
+pub(crate) fn block_sums(x: &[Q8Block], out: &mut Vec<[i16; 8]>) {
+    out.clear();
+    out.extend(x.chunks_exact(8).map(|xs| std::array::from_fn(|i| xs[i].sum as i16)));
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
