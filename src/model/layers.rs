@@ -137,35 +137,50 @@ impl Linear {
         logits_to_vec(&self.forward(&Tensor::from_slice(x, (1, 1, x.len()), dev)?)?)
     }
 
+    /// The batched host kernel this layer multiplies `rows` rows on, if any: AMX tiles where the CPU has
+    /// them, else reagent's integer tiles; `None` for the other paths (the f32 reference, candle's
+    /// weights, weights no such kernel takes, or too few rows).
+    fn host_batch(&self, rows: usize) -> Result<Option<HostBatch>> {
+        let Weight::Mapped { t, .. } = &self.w else { return Ok(None) };
+        if self.reference {
+            return Ok(None);
+        }
+        let (kind, min_rows) = match amx_ok(*t, self.w.dims()?) {
+            true => (HostBatch::Amx, AMX_BATCH_MIN),
+            false if kernels::int_matmul_supports(*t) => (HostBatch::Int, kernels::int_matmul_min_rows()),
+            false => return Ok(None),
+        };
+        Ok((rows >= min_rows).then_some(kind))
+    }
+
+    /// `x · Wᵀ (+ b)` for the host rows `xs` on `kind` ([`Self::host_batch`]).
+    fn matmul_host(&self, kind: HostBatch, xs: &[f32]) -> Result<Vec<f32>> {
+        let Weight::Mapped { t, m } = &self.w else { unreachable!("host_batch takes mapped weights only") };
+        let (n, k) = self.w.dims()?;
+        let mut y = match kind {
+            HostBatch::Amx => amx::matmul_t(*t, m.bytes(), n, k, xs),
+            HostBatch::Int => kernels::matmul(*t, m.bytes(), n, k, xs),
+        };
+        if let Some(b) = &self.b_host {
+            for row in y.chunks_exact_mut(n) {
+                super::host::add(row, b);
+            }
+        }
+        Ok(y)
+    }
+
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
-        let on_amx = match &self.w {
-            Weight::Mapped { t, .. } => !self.reference && x.device().is_cpu() && amx_ok(*t, self.w.dims()?),
-            Weight::Candle(_) => false,
-        };
-        let on_int = match &self.w {
-            Weight::Mapped { t, .. } => {
-                !on_amx && !self.reference && x.device().is_cpu() && kernels::int_matmul_supports(*t)
+        if x.device().is_cpu() {
+            if let Some(kind) = self.host_batch(rows)? {
+                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                return shaped_like(x, self.matmul_host(kind, &xs)?, self.w.dims()?.0);
             }
-            Weight::Candle(_) => false,
-        };
-        let min_rows = match (on_amx, on_int) {
-            (true, _) => AMX_BATCH_MIN,
-            (_, true) => kernels::int_matmul_min_rows(),
-            _ => MATMUL_BATCH_MIN,
-        };
-        let batched = self.reference || rows >= min_rows;
+        }
+        // The integer tiles' and AMX's thresholds are at most this one: fewer rows on those weights go
+        // to the short-batch mat-vec below.
+        let batched = self.reference || rows >= MATMUL_BATCH_MIN;
         let y = match (&self.w, &self.mm) {
-            (Weight::Mapped { t, m }, _) if batched && on_amx => {
-                let (n, k) = self.w.dims()?;
-                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-                shaped_like(x, amx::matmul_t(*t, m.bytes(), n, k, &xs), n)?
-            }
-            (Weight::Mapped { t, m }, _) if batched && on_int => {
-                let (n, k) = self.w.dims()?;
-                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-                shaped_like(x, kernels::matmul(*t, m.bytes(), n, k, &xs), n)?
-            }
             (Weight::Mapped { t, m }, _) if batched => {
                 let (n, k) = self.w.dims()?;
                 let w = Tensor::from_vec(kernels::dequantize(*t, m.bytes(), n, k), (n, k), x.device())?;
@@ -255,6 +270,15 @@ pub(crate) fn matvec_host<const N: usize>(layers: [&Linear; N], x: &[f32], ys: [
         }
     }
     Ok(())
+}
+
+/// The batched kernels on host buffers ([`Linear::host_batch`]).
+#[derive(Clone, Copy)]
+enum HostBatch {
+    /// The AMX tile unit, bf16 (`model::amx`).
+    Amx,
+    /// reagent's integer tiles on 8-bit activations ([`kernels::matmul`]).
+    Int,
 }
 
 /// Whether a batch goes through the AMX tile unit (see `model::amx`) for this weight.
@@ -441,6 +465,18 @@ impl GatedMlp {
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        // A batch that every product takes on the host's batched kernels stays on host buffers from the
+        // input to the output: no copy of the 4·ffn-byte intermediate rows in and out of tensors.
+        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
+        if x.device().is_cpu() {
+            let kinds = [self.gate.host_batch(rows)?, self.up.host_batch(rows)?, self.down.host_batch(rows)?];
+            if let [Some(g), Some(u), Some(d)] = kinds {
+                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let mut gs = self.gate.matmul_host(g, &xs)?;
+                super::host::gated(&mut gs, &self.up.matmul_host(u, &xs)?, self.gelu);
+                return shaped_like(x, self.down.matmul_host(d, &gs)?, self.down.w.dims()?.0);
+            }
+        }
         let [g, u] = forward_shared([&self.gate, &self.up], x)?;
         let h = match x.device().is_cpu() && g.dtype() == DType::F32 {
             // The activation on host buffers (`host::gated`: no libm call per element).
