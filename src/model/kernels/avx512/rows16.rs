@@ -1,7 +1,7 @@
 //! The AVX-512 batched product with 16 weight rows in the lanes of a register (as `avx2/rows8.rs` does
 //! with 8): each 32-bit lane holds 4 quants of one row, one `vpdpbusd` against 4 activation bytes
 //! broadcast to every lane advances 16 rows of one token, and a tile keeps one register of 16 rows per
-//! token, stored without horizontal sums. Q4_K and Q6_K multiply each scale group's sums by the rows'
+//! group and token (two groups share each broadcast), stored without horizontal sums. Q4_K and Q6_K multiply each scale group's sums by the rows'
 //! integer scales in one `vpmulld`; the 32-element types convert each block's sums and take the rows'
 //! block scales in one FMA. A fixed offset (Q6_K's 32, Q4_0's 8, Q5_0's 16, Q8_0's 128 after its signed
 //! bytes are made unsigned) starts a group's sums at `−offset·Σ x` of the group's activations; Q4_K's and
@@ -83,20 +83,21 @@ pub(in crate::model::kernels) unsafe fn pack_rows16<const T: u8>(
     }
 }
 
-/// The products of 16 packed rows (`blocks.div_ceil(8)` entries of [`W16`], type `T`) with `C` tokens'
-/// activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block share one scale; `hs[c]`
-/// the sums of each block's two 16-element halves, read for Q6_K only): 16 rows' results per token.
+/// The products of `G` groups of 16 packed rows (`w[g]`: `blocks.div_ceil(8)` entries of [`W16`] each, type
+/// `T`) with `C` tokens' activation rows (`x[c]`, `blocks` blocks; a K-quant's 8 blocks per super-block
+/// share one scale; `hs[c]` the sums of each block's two 16-element halves, read for Q6_K only): 16 rows'
+/// results per group and token. Each broadcast activation word serves the `G` groups' weight vectors.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/VNNI; `w` holds the entries, each `x[c]` `blocks` blocks and for Q6_K each
-/// `hs[c]` as many pairs.
+/// The CPU has AVX-512 F/BW/VL/VNNI; each `w[g]` holds the entries, each `x[c]` `blocks` blocks and for
+/// Q6_K each `hs[c]` as many pairs.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>(
-    w: *const W16,
+pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const G: usize, const C: usize>(
+    w: [*const W16; G],
     x: [*const Q8Block; C],
     hs: [*const [i32; 2]; C],
     blocks: usize,
-) -> [[f32; 16]; C] {
+) -> [[[f32; 16]; C]; G] {
     // Q5_K's minimums are not applied here (and it is not routed here).
     assert!(T != Q5K, "no 16-rows tile for Q5_K");
     let k_quant = matches!(T, Q4K | Q6K);
@@ -107,65 +108,82 @@ pub(in crate::model::kernels) unsafe fn tile_rows16<const T: u8, const C: usize>
         super::super::avx2::Q4_0 => 8,
         _ => 0,
     };
-    let mut f = [_mm512_setzero_ps(); C];
+    let mut f = [[_mm512_setzero_ps(); C]; G];
     let halves = if T == Q6K { 2 } else { 1 };
     for sb in 0..blocks.div_ceil(8) {
-        let wp = &*w.add(sb);
-        let mut isum = [_mm512_setzero_si512(); C];
+        let mut wp = [&*w[0]; G];
+        for (wp, w) in wp.iter_mut().zip(&w) {
+            *wp = &*w.add(sb);
+        }
+        let mut isum = [[_mm512_setzero_si512(); C]; G];
         for s in 0..(blocks - 8 * sb).min(8) {
             let bi = 8 * sb + s;
             for h in 0..halves {
-                let mut acc = [_mm512_setzero_si512(); C];
+                let mut start = [_mm512_setzero_si512(); C];
                 if T == Q6K {
-                    for (acc, hs) in acc.iter_mut().zip(&hs) {
-                        *acc = _mm512_set1_epi32(-offset * (*hs.add(bi))[h]);
+                    for (st, hs) in start.iter_mut().zip(&hs) {
+                        *st = _mm512_set1_epi32(-offset * (*hs.add(bi))[h]);
                     }
                 } else if offset != 0 {
-                    for (acc, x) in acc.iter_mut().zip(&x) {
-                        *acc = _mm512_set1_epi32(-offset * (*x.add(bi)).sum);
+                    for (st, x) in start.iter_mut().zip(&x) {
+                        *st = _mm512_set1_epi32(-offset * (*x.add(bi)).sum);
                     }
                 }
+                let mut acc = [start; G];
                 for q in (0..8).skip(4 * h).take(8 / halves) {
-                    let v = _mm512_load_si512(wp.u[s][q].as_ptr() as *const __m512i);
-                    for (acc, x) in acc.iter_mut().zip(&x) {
+                    let mut v = [_mm512_setzero_si512(); G];
+                    for (v, wp) in v.iter_mut().zip(&wp) {
+                        *v = _mm512_load_si512(wp.u[s][q].as_ptr() as *const __m512i);
+                    }
+                    for (c, x) in x.iter().enumerate() {
                         let xb = (*x.add(bi)).qs.as_ptr().add(4 * q);
                         let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xb as *const i32));
-                        *acc = _mm512_dpbusd_epi32(*acc, v, xv);
+                        for (acc, v) in acc.iter_mut().zip(&v) {
+                            acc[c] = _mm512_dpbusd_epi32(acc[c], *v, xv);
+                        }
                     }
                 }
-                if k_quant {
-                    let k = _mm512_load_si512(wp.k[halves * s + h].as_ptr() as *const __m512i);
-                    for (isum, acc) in isum.iter_mut().zip(&acc) {
-                        *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(*acc, k));
-                    }
-                } else {
-                    // The block's own scale: the rows' `d` times the token's.
-                    let d = _mm512_load_ps(wp.db[s].as_ptr());
-                    for (c, (acc, x)) in acc.iter().zip(&x).enumerate() {
-                        let dx = _mm512_set1_ps((*x.add(bi)).d);
-                        f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), _mm512_mul_ps(d, dx), f[c]);
+                for ((isum, acc), (wp, f)) in isum.iter_mut().zip(&acc).zip(wp.iter().zip(f.iter_mut())) {
+                    if k_quant {
+                        let k = _mm512_load_si512(wp.k[halves * s + h].as_ptr() as *const __m512i);
+                        for (isum, acc) in isum.iter_mut().zip(acc) {
+                            *isum = _mm512_add_epi32(*isum, _mm512_mullo_epi32(*acc, k));
+                        }
+                    } else {
+                        // The block's own scale: the rows' `d` times the token's.
+                        let d = _mm512_load_ps(wp.db[s].as_ptr());
+                        for (c, (acc, x)) in acc.iter().zip(&x).enumerate() {
+                            let dx = _mm512_set1_ps((*x.add(bi)).d);
+                            f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), _mm512_mul_ps(d, dx), f[c]);
+                        }
                     }
                 }
             }
             if T == Q4K || T == Q4_1 {
-                let m = _mm512_load_ps(wp.m[s].as_ptr());
-                for (f, x) in f.iter_mut().zip(&x) {
-                    let xb = &*x.add(bi);
-                    *f = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.d * xb.sum as f32), *f);
+                for (wp, f) in wp.iter().zip(f.iter_mut()) {
+                    let m = _mm512_load_ps(wp.m[s].as_ptr());
+                    for (f, x) in f.iter_mut().zip(&x) {
+                        let xb = &*x.add(bi);
+                        *f = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.d * xb.sum as f32), *f);
+                    }
                 }
             }
         }
         if k_quant {
-            let d = _mm512_load_ps(wp.d.as_ptr());
-            for (c, x) in x.iter().enumerate() {
-                let dx = _mm512_set1_ps((*x.add(8 * sb)).d);
-                f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), f[c]);
+            for ((wp, f), isum) in wp.iter().zip(f.iter_mut()).zip(&isum) {
+                let d = _mm512_load_ps(wp.d.as_ptr());
+                for (c, x) in x.iter().enumerate() {
+                    let dx = _mm512_set1_ps((*x.add(8 * sb)).d);
+                    f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(d, dx), f[c]);
+                }
             }
         }
     }
-    let mut out = [[0f32; 16]; C];
+    let mut out = [[[0f32; 16]; C]; G];
     for (o, f) in out.iter_mut().zip(f) {
-        _mm512_storeu_ps(o.as_mut_ptr(), f);
+        for (o, f) in o.iter_mut().zip(f) {
+            _mm512_storeu_ps(o.as_mut_ptr(), f);
+        }
     }
     out
 }
