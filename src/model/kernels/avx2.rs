@@ -123,24 +123,41 @@ unsafe fn dot_us<const V: u8>(u: __m256i, s: __m256i) -> __m256i {
 /// block's scale and its per-block correction `c` such that `Σ w·x = d·d_x·Σ u·qx + c·d_x·Σ qx`:
 /// the offset of Q4_0 (u − 8) and Q5_0 (u − 16) times `d`, or Q4_1's minimum. Keeping those weights
 /// unsigned saves the subtraction and two sign instructions per block a signed product would need.
+///
+/// The scale comes as a whole register (all lanes `d`): converted from a 16-bit load into lane 0 alone,
+/// the compiler inserts it (`vpinsrw`) into whatever register it picks for the unused lanes, which was the
+/// accumulator, and each block then waited for the previous block's sum.
 #[inline(always)]
-unsafe fn block<const T: u8, const V: u8>(b: *const u8, qx: __m256i) -> (__m256i, f32, f32) {
-    let d = f16(b);
+unsafe fn block<const T: u8, const V: u8>(b: *const u8, qx: __m256i) -> (__m256i, __m256, f32) {
     match T {
-        Q4_0 => (dot_us::<V>(nibbles(b.add(2)), qx), d, -8.0 * d),
-        Q4_1 => (dot_us::<V>(nibbles(b.add(4)), qx), d, f16(b.add(2))),
+        Q4_0 => {
+            let d = f16x8(b);
+            (dot_us::<V>(nibbles(b.add(2)), qx), d, -8.0 * _mm256_cvtss_f32(d))
+        }
+        Q4_1 => {
+            // `d` and `m` converted together from one 32-bit load.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32)));
+            (dot_us::<V>(nibbles(b.add(4)), qx), _mm256_broadcastss_ps(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
+        }
         Q5_0 => {
+            let d = f16x8(b);
             let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
-            (dot_us::<V>(_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), qx), d, -16.0 * d)
+            (dot_us::<V>(_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), qx), d, -16.0 * _mm256_cvtss_f32(d))
         }
         _ => {
             // Signed weights: their sign moves onto the activations (`|w| · ±qx`). Measured faster than
             // offsetting them to unsigned (xor 0x80), which maddubs could not take anyway (255 × 127
             // pairs overflow i16).
             let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
-            (dot_us::<V>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), d, 0.0)
+            (dot_us::<V>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), f16x8(b), 0.0)
         }
     }
+}
+
+/// The f16 at `b` in all 8 lanes: a whole-register broadcast, with no dependency on an older register.
+#[inline(always)]
+unsafe fn f16x8(b: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(b as *const i16)))
 }
 
 /// Dot products of `R` weight rows (starting at `rows`, `stride` bytes apart) with `x`: the activation
@@ -160,8 +177,10 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
         for r in 0..R {
             prefetch_next_rows::<R>(rows.add(r * stride + i * bb), stride, 1);
             let (p, d, c) = block::<T, V>(rows.add(r * stride + i * bb), qx);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * xb.d), acc[r]);
-            mins[r] += c * sx;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[r]);
+            if T != Q8_0 {
+                mins[r] += c * sx;
+            }
         }
     }
     let mut out = [0f32; R];
