@@ -189,7 +189,7 @@ pub fn generate_continuing(
         if let Some(c) = constraint.as_deref_mut() {
             let forced = c.forced_tokens()?;
             if !forced.is_empty() {
-                match run.force(model, tok, forced, on_text)? {
+                match run.force(model, tok, None, forced, on_text)? {
                     Ok(next_logits) => logits = next_logits,
                     Err(s) => break s,
                 }
@@ -217,6 +217,19 @@ pub fn generate_continuing(
         }
         if let Some(s) = run.accept(tok, next, on_text) {
             break s;
+        }
+        // Tokens the grammar forces after this one go through the same forward pass as it: a short batch
+        // reads the weights once for all its tokens, where the sampled token alone would take one pass
+        // and the forced run another.
+        if let Some(c) = constraint.as_deref_mut() {
+            let forced = c.forced_tokens()?;
+            if !forced.is_empty() {
+                match run.force(model, tok, Some(next), forced, on_text)? {
+                    Ok(next_logits) => logits = next_logits,
+                    Err(s) => break s,
+                }
+                continue;
+            }
         }
         logits = model.forward(&[next], run.pos() - 1)?;
     };
@@ -262,11 +275,13 @@ impl Decoding<'_> {
     }
 
     /// Appends the tokens the grammar forces (as many as the budget allows) and runs them through the
-    /// model in one batch: the logits after them, or why the generation ends.
+    /// model in one batch, after `lead` (a sampled token already appended but not yet run) if given: the
+    /// logits after them, or why the generation ends.
     fn force(
         &mut self,
         model: &mut dyn LanguageModel,
         tok: &Tokenizer,
+        lead: Option<u32>,
         mut forced: Vec<u32>,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<std::result::Result<Vec<f32>, FinishReason>> {
@@ -274,7 +289,9 @@ impl Decoding<'_> {
         if self.pos() + forced.len() > self.capacity {
             return Ok(Err(FinishReason::ContextFull));
         }
-        let pos = self.pos();
+        // The lead token is already accepted (the last of `tokens`) but not yet run.
+        let pos = self.pos() - usize::from(lead.is_some());
+        let batch: Vec<u32> = lead.into_iter().chain(forced.iter().copied()).collect();
         for &t in &forced {
             self.tokens.push(t);
             self.out.push(tok, t, on_text);
@@ -285,7 +302,7 @@ impl Decoding<'_> {
         if self.tokens.len() >= self.params.max_tokens {
             return Ok(Err(FinishReason::MaxTokens));
         }
-        Ok(Ok(model.forward(&forced, pos)?))
+        Ok(Ok(model.forward(&batch, pos)?))
     }
 
     /// Appends a sampled token: why the generation ends after it, if it does.
