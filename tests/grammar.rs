@@ -325,6 +325,65 @@ fn forced_tokens_are_counted_and_structure_is_forced() {
     assert_eq!(forced + c.stats().sampled_tokens, g.tokens.len());
 }
 
+/// A model that records each forward pass (tokens, position) of the model it wraps.
+struct Recording<'a> {
+    inner: &'a mut reagent::Model,
+    calls: Vec<(usize, usize)>,
+}
+
+impl LanguageModel for Recording<'_> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn context_length(&self) -> usize {
+        self.inner.context_length()
+    }
+    fn cache_len(&self) -> usize {
+        self.inner.cache_len()
+    }
+    fn forward(&mut self, tokens: &[u32], pos: usize) -> reagent::Result<Vec<f32>> {
+        self.calls.push((tokens.len(), pos));
+        self.inner.forward(tokens, pos)
+    }
+    fn truncate(&mut self, len: usize) {
+        self.inner.truncate(len)
+    }
+}
+
+/// A run of forced tokens after a sampled token goes through the model in the same forward pass as that
+/// token: one pass per sampled token (plus the forced start), each generated token run once, in order.
+#[test]
+fn forced_tokens_share_the_forward_pass_of_the_sampled_token_before_them() {
+    let mut model = tiny_model(Arch::Qwen2);
+    let tok = model.tokenizer().clone();
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
+    let opts = DecisionOptions { max_thought_chars: 10, max_string_chars: 10, ..DecisionOptions::default() };
+    let schema = decision_schema(&tools(), &ToolChoice::Specific("calculator".into()), &opts).unwrap();
+    let mut c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
+    let prompt = tok.encode("hello", false).unwrap();
+    let params = GenerateParams { max_tokens: 2000, ..GenerateParams::default() };
+    let mut rec = Recording { inner: &mut model, calls: Vec::new() };
+    let g = generate_with(&mut rec, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    assert_eq!(g.stop, reagent::FinishReason::GrammarComplete);
+    let (prefill, after) = rec.calls.split_first().expect("a prefill");
+    assert_eq!(*prefill, (prompt.len(), 0));
+    let mut pos = prompt.len();
+    for &(n, p) in after {
+        assert_eq!(p, pos, "forward passes run the generated tokens in order: {:?}", rec.calls);
+        pos += n;
+    }
+    let run = pos - prompt.len();
+    assert!(run == g.tokens.len() || run + 1 == g.tokens.len(), "{run} of {} tokens run", g.tokens.len());
+    let sampled = c.stats().sampled_tokens;
+    assert!(after.iter().any(|&(n, _)| n > 1), "no forced run: {}", g.text);
+    assert!(
+        after.len() <= sampled + 1,
+        "{} passes for {sampled} sampled tokens: forced runs took passes of their own ({:?})",
+        after.len(),
+        after
+    );
+}
+
 // The native format: `<tool_call>` blocks in the model's own syntax, or a plain answer.
 
 const N_CALC: &str = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2+2\"}}\n</tool_call>";
