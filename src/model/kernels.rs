@@ -408,13 +408,13 @@ struct Packed {
     supers: Vec<avx512::XSuper>,
     #[cfg(target_arch = "x86_64")]
     pairs: Vec<avx512::XPair>,
-    /// The 256-bit tiers' Q4_K and Q5_K kernels: each super-block's 8 block sums.
+    /// The 256-bit tiers' K-quant kernels: each super-block's activation sums ([`avx2::block_sums`]).
     #[cfg(target_arch = "x86_64")]
-    bsums: Vec<[i16; 8]>,
+    bsums: Vec<[i16; 16]>,
 }
 
 /// `x` packed for weights of type `t` where the tier's kernels want it so (AVX-512; the 256-bit tiers'
-/// Q4_K and Q5_K), else empty.
+/// K-quants), else empty.
 fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Packed {
     let mut out = Packed::default();
     #[cfg(target_arch = "x86_64")]
@@ -423,9 +423,7 @@ fn pack(tier: Tier, t: BlockType, x: &[Q8Block]) -> Packed {
             true => avx512::pack_supers(avx2::code(t), x, &mut out.supers),
             false => avx512::pack_pairs(avx2::code(t), x, &mut out.pairs),
         },
-        Tier::Avx2 | Tier::AvxVnni if matches!(t, BlockType::Q4K | BlockType::Q5K) => {
-            avx2::block_sums(x, &mut out.bsums)
-        }
+        Tier::Avx2 | Tier::AvxVnni if t.block_elems() > QK => avx2::block_sums(avx2::code(t), x, &mut out.bsums),
         _ => {}
     }
     let _ = (tier, t, x);
@@ -534,7 +532,7 @@ fn rows_dot_into(
         assert!((first + n) * row_bytes <= w.len());
         let bsums = &packed.bsums;
         assert!(
-            !matches!(t, BlockType::Q4K | BlockType::Q5K) || bsums.len() * 8 == x.len(),
+            t.block_elems() == QK || bsums.len() * 8 == x.len(),
             "the activations' block sums are packed for {t:?}"
         );
         let mut r = 0;

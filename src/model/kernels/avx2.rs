@@ -198,14 +198,15 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
 /// into i32, so a super-block costs one conversion and one FMA per row. Q4_K: each 32-byte chunk of
 /// quants holds two sub-blocks (low nibbles, high nibbles) lined up with two activation blocks; its
 /// minimums contribute `−dmin·d_x·Σ min·Σ qx`. Q6_K: four 32-element quarters per 128-element half,
-/// assembled from `ql` nibbles and `qh` bit pairs as unsigned 0..63; the offset 32 comes off as
-/// `maddubs(32, qx)` (computed once for all rows), and each 16-element half takes its own scale.
+/// assembled from `ql` nibbles and `qh` bit pairs as unsigned 0..63, each 16-element half with its own
+/// scale; the offset 32 comes off at the end as `32·Σ scale·Σx`, one `madd` of the row's 16 scales with
+/// the token's 16 sums of 16 activations (packed once per token, [`block_sums`]).
 #[inline(always)]
 unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
     rows: *const u8,
     stride: usize,
     x: &[Q8Block],
-    bsums: &[[i16; 8]],
+    bsums: &[[i16; 16]],
 ) -> [f32; R] {
     let bb = block_bytes(T);
     let mut acc = [_mm256_setzero_ps(); R];
@@ -259,22 +260,22 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
                 min_acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(summ), _mm_permute_ps::<0b0101_0101>(dd), min_acc[r]);
             }
         } else {
-            let mut off = [_mm256_setzero_si256(); 8];
-            for (o, q) in off.iter_mut().zip(&qx) {
-                *o = _mm256_maddubs_epi16(_mm256_set1_epi8(32), *q);
-            }
+            // The activations' 16 sums of 16, for the offset 32: one `madd` with the row's scales.
+            let hsums = _mm256_loadu_si256(bsums[sb].as_ptr() as *const __m256i);
             let m2 = _mm256_set1_epi8(0x30);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let b = rows.add(r * stride + sb * bb);
                 prefetch_next_rows::<R>(b, stride, 4);
-                let d = f16(b.add(208));
-                // The 16 scales as 16-bit lanes, 8 to a 128-bit lane, in both lanes of a vector: quarter
-                // `i` takes scale `2i` for its first 16 elements and `2i + 1` for the next 16, one shuffle.
-                let sc = _mm_loadu_si128(b.add(192) as *const __m128i);
-                let scales = [
-                    _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc)),
-                    _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8))),
-                ];
+                // `d` converted as a whole register (see `block`), times the activations' scale.
+                let d = _mm256_mul_ps(f16x8(b.add(208)), _mm256_set1_ps(dx));
+                // `Σ scale·32·Σx` over the 16 scale groups, taken off the sums at the end.
+                let off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i)), hsums);
+                // Each half's 8 scales, each one doubled into a 32-bit lane (`scales[h]` lane `j`: scale
+                // `8h + j`), so that quarter `k` takes scale `2k` for its first 16 elements and `2k + 1` for
+                // the next 16 with one 32-bit permute (`lo` = s0..s3 | s8..s11, `hi` = s4..s7 | s12..s15).
+                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+                let (lo, hi) = (_mm256_unpacklo_epi16(sc16, sc16), _mm256_unpackhi_epi16(sc16, sc16));
+                let scales = [_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi)];
                 let mut sumi = _mm256_setzero_si256();
                 for (half, half_scales) in scales.iter().enumerate() {
                     let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
@@ -291,15 +292,14 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
                     ];
                     for (k, qk) in q.iter().enumerate() {
                         let i = 4 * half + k;
-                        let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(*qk, qx[i]), off[i]);
-                        let s = _mm256_shuffle_epi8(
-                            *half_scales,
-                            _mm256_set_m128i(_mm_set1_epi16(SCALE_PICK[2 * k + 1]), _mm_set1_epi16(SCALE_PICK[2 * k])),
-                        );
+                        let p16 = _mm256_maddubs_epi16(*qk, qx[i]);
+                        let (a, b) = (2 * k as i32, 2 * k as i32 + 1);
+                        let s = _mm256_permutevar8x32_epi32(*half_scales, _mm256_setr_epi32(a, a, a, a, b, b, b, b));
                         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
                     }
                 }
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), *acc);
+                let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(off));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), d, *acc);
             }
         }
     }
@@ -443,17 +443,24 @@ pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
     rows: *const u8,
     stride: usize,
     x: &[Q8Block],
-    bsums: &[[i16; 8]],
+    bsums: &[[i16; 16]],
 ) -> [f32; R] {
     rows_dot_k_impl::<T, R>(rows, stride, x, bsums)
 }
 
-/// Each super-block's 8 activation block sums as i16 (a block of 32 bytes sums to at most 4096 in
-/// magnitude), which the Q4_K and Q5_K kernels multiply with the rows' minimums: packed once per token,
-/// not once per row.
-pub(crate) fn block_sums(x: &[Q8Block], out: &mut Vec<[i16; 8]>) {
+/// Each super-block's activation sums as i16, packed once per token, not once per row: for Q4_K and
+/// Q5_K the 8 block sums (lanes 0..8; a block of 32 bytes sums to at most 4096 in magnitude), which the
+/// kernels multiply with the rows' minimums; for Q6_K the 16 sums of 16, which they multiply with the
+/// rows' scales for the offset 32.
+pub(crate) fn block_sums(t: u8, x: &[Q8Block], out: &mut Vec<[i16; 16]>) {
     out.clear();
-    out.extend(x.chunks_exact(8).map(|xs| std::array::from_fn(|i| xs[i].sum as i16)));
+    out.extend(x.chunks_exact(8).map(|xs| {
+        std::array::from_fn(|i| match t {
+            Q6K => xs[i / 2].qs[16 * (i % 2)..16 * (i % 2) + 16].iter().map(|&q| q as i16).sum(),
+            _ if i < 8 => xs[i].sum as i16,
+            _ => 0,
+        })
+    }));
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
