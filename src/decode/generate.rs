@@ -224,6 +224,9 @@ pub fn generate_continuing(
         if let Some(c) = constraint.as_deref_mut() {
             let forced = c.forced_tokens()?;
             if !forced.is_empty() {
+                if crate::limits::interrupted() {
+                    break FinishReason::Interrupted;
+                }
                 match run.force(model, tok, Some(next), forced, on_text)? {
                     Ok(next_logits) => logits = next_logits,
                     Err(s) => break s,

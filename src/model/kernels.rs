@@ -234,7 +234,7 @@ pub fn matvec_jobs_on(tier: Tier, jobs: &mut [MatVecJob]) {
     const ROWS_PER_ITEM: usize = 16;
     let mut bytes = 0;
     // Per job: row bytes, the output's address, the first work item, and the activations packed for the
-    // AVX-512 K-quant kernels.
+    // tier's kernels ([`pack`]).
     let mut plan = Vec::with_capacity(jobs.len());
     let mut items = 0;
     for j in jobs.iter_mut() {
@@ -295,12 +295,13 @@ pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8
     let row_bytes = t.row_bytes(cols);
     assert_eq!(w.len(), rows * row_bytes, "weight bytes do not match {rows} rows of {cols} columns");
     assert_eq!(y.len(), m * rows, "the output is not {m} rows of {rows}");
-    // Each token's activations packed for `tier`, and on AVX-512 all of them one after another.
-    let tokens: Vec<Packed> = x.chunks_exact(blocks).map(|xc| pack(tier, t, xc)).collect();
+    // Each token's activations packed for `tier`; on AVX-512 all of them one after another instead.
+    #[allow(unused_mut)]
+    let mut tokens: Vec<Packed> = x.chunks_exact(blocks).map(|xc| pack(tier, t, xc)).collect();
     let mut packed = Packed::default();
     #[cfg(target_arch = "x86_64")]
     if tier == Tier::Avx512 {
-        for p in &tokens {
+        for p in tokens.drain(..) {
             packed.supers.extend_from_slice(&p.supers);
             packed.pairs.extend_from_slice(&p.pairs);
         }
@@ -322,8 +323,9 @@ pub fn matvec_tokens_on(tier: Tier, t: BlockType, w: &[u8], rows: usize, x: &[Q8
     }
 }
 
-/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`, four rows at a time; `packed`
-/// holds every token's activations packed for AVX-512, `tokens` each token's packing.
+/// Rows `rows` of [`matvec_tokens_on`]'s product: `y[c·n + r]` for every token `c`, four rows at a time;
+/// `packed` holds every token's activations packed for AVX-512, `tokens` each token's packing for the
+/// other tiers.
 ///
 /// # Safety
 /// `y` holds `m · n` floats, `rows` lie inside both `w` and `0..n`, and no other thread writes these rows.
@@ -400,8 +402,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-/// Activations packed for the AVX-512 kernels: super-blocks for the K-quants, pairs of blocks for the
-/// 32-element types.
+/// Activations packed for a tier's kernels: for AVX-512 super-blocks for the K-quants, pairs of blocks
+/// for the 32-element types; for the 256-bit tiers' K-quants each super-block's activation sums.
 #[derive(Default)]
 struct Packed {
     #[cfg(target_arch = "x86_64")]

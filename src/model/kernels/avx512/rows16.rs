@@ -1,8 +1,8 @@
 //! The AVX-512 batched product with 16 weight rows in the lanes of a register (as `avx2/rows8.rs` does
 //! with 8): each 32-bit lane holds 4 quants of one row, one `vpdpbusd` against 4 activation bytes
 //! broadcast to every lane advances 16 rows of one token, and a tile keeps one register of 16 rows per
-//! group and token (two groups share each broadcast), stored without horizontal sums. Q4_K and Q6_K multiply each scale group's sums by the rows'
-//! integer scales in one `vpmulld`; the 32-element types convert each block's sums and take the rows'
+//! group and token (two groups share each broadcast), stored without horizontal sums. Q4_K and Q6_K
+//! multiply each scale group's sums by the rows' integer scales in one `vpmulld`; the 32-element types convert each block's sums and take the rows'
 //! block scales in one FMA. A fixed offset (Q6_K's 32, Q4_0's 8, Q5_0's 16, Q8_0's 128 after its signed
 //! bytes are made unsigned) starts a group's sums at `−offset·Σ x` of the group's activations; Q4_K's and
 //! Q4_1's minimums add `min·d_x·Σ x` per sub-block.
