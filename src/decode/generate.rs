@@ -182,6 +182,10 @@ pub fn generate_continuing(
     let mut run =
         Decoding { params, prompt_len: prompt.len(), capacity, tokens: Vec::new(), out: TextOut::new(params) };
     let t1 = Instant::now();
+    // A sampled token not yet run through the model: it goes into the next forward pass, together with
+    // the tokens the grammar forces after it if there are any (a short batch reads the weights once for
+    // all its tokens, where the sampled token alone would take one pass and the forced run another).
+    let mut lead = None;
     let stop = loop {
         if let Some(s) = run.limit_reached() {
             break s;
@@ -189,12 +193,17 @@ pub fn generate_continuing(
         if let Some(c) = constraint.as_deref_mut() {
             let forced = c.forced_tokens()?;
             if !forced.is_empty() {
-                match run.force(model, tok, None, forced, on_text)? {
+                match run.force(model, tok, lead.take(), forced, on_text)? {
                     Ok(next_logits) => logits = next_logits,
                     Err(s) => break s,
                 }
                 continue;
             }
+        }
+        if let Some(t) = lead.take() {
+            logits = model.forward(&[t], run.pos() - 1)?;
+        }
+        if let Some(c) = constraint.as_deref_mut() {
             if c.is_finished() {
                 break FinishReason::GrammarComplete;
             }
@@ -218,23 +227,7 @@ pub fn generate_continuing(
         if let Some(s) = run.accept(tok, next, on_text) {
             break s;
         }
-        // Tokens the grammar forces after this one go through the same forward pass as it: a short batch
-        // reads the weights once for all its tokens, where the sampled token alone would take one pass
-        // and the forced run another.
-        if let Some(c) = constraint.as_deref_mut() {
-            let forced = c.forced_tokens()?;
-            if !forced.is_empty() {
-                if crate::limits::interrupted() {
-                    break FinishReason::Interrupted;
-                }
-                match run.force(model, tok, Some(next), forced, on_text)? {
-                    Ok(next_logits) => logits = next_logits,
-                    Err(s) => break s,
-                }
-                continue;
-            }
-        }
-        logits = model.forward(&[next], run.pos() - 1)?;
+        lead = Some(next);
     };
     let Decoding { tokens, out, .. } = run;
     let decode_time = t1.elapsed();
