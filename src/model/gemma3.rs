@@ -10,7 +10,7 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, last_position, logits_to_vec, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
+    forward_shared, host_vec, last_position, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
     RopeStyle, Weight,
 };
 use crate::error::Result;
@@ -195,6 +195,6 @@ impl super::Network for Gemma3 {
         }
         self.len += tokens.len();
         let x = self.norm.forward(&last_position(&x)?)?;
-        logits_to_vec(&self.output.forward(&x)?)
+        host_vec(&self.output.forward(&x)?)
     }
 }

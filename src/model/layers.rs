@@ -134,7 +134,7 @@ impl Linear {
             matvec_host([self], x, [&mut y])?;
             return Ok(y);
         }
-        logits_to_vec(&self.forward(&Tensor::from_slice(x, (1, 1, x.len()), dev)?)?)
+        host_vec(&self.forward(&Tensor::from_slice(x, (1, 1, x.len()), dev)?)?)
     }
 
     /// The batched host kernel this layer multiplies `rows` rows on, if any: AMX tiles where the CPU has
@@ -173,7 +173,7 @@ impl Linear {
         let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
         if x.device().is_cpu() {
             if let Some(kind) = self.host_batch(rows)? {
-                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let xs = host_vec(x)?;
                 return shaped_like(x, self.matmul_host(kind, &xs)?, self.w.dims()?.0);
             }
         }
@@ -218,7 +218,7 @@ pub(crate) fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor) -
         }
         return Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")));
     }
-    let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let xs = host_vec(x)?;
     let mut ys: [Vec<f32>; N] = std::array::from_fn(|_| Vec::new());
     matvec_host(layers, &xs, ys.each_mut())?;
     let mut out = Vec::with_capacity(N);
@@ -289,7 +289,7 @@ fn amx_ok(t: BlockType, (n, k): (usize, usize)) -> bool {
 /// Rows of `x` times a block-quantized `[n, k]` matrix through reagent's own kernels: one row a mat-vec,
 /// a few rows one pass over the weights for all of them ([`kernels::matvec_tokens`]).
 fn block_matvec(t: BlockType, w: &[u8], (n, k): (usize, usize), x: &Tensor) -> Result<Tensor> {
-    let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    let xs = host_vec(x)?;
     let rows = xs.len() / k;
     let mut y = vec![0f32; rows * n];
     if rows == 0 {
@@ -429,8 +429,8 @@ pub(crate) fn last_position(x: &Tensor) -> Result<Tensor> {
     Ok(x.narrow(1, seq - 1, 1)?)
 }
 
-/// Flattens `[1, 1, vocab]` logits into a host vector.
-pub(crate) fn logits_to_vec(x: &Tensor) -> Result<Vec<f32>> {
+/// A tensor's values, flattened, as host `f32` (a layer's input rows, `[1, 1, vocab]` logits).
+pub(crate) fn host_vec(x: &Tensor) -> Result<Vec<f32>> {
     Ok(x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
@@ -471,7 +471,7 @@ impl GatedMlp {
         if x.device().is_cpu() {
             let kinds = [self.gate.host_batch(rows)?, self.up.host_batch(rows)?, self.down.host_batch(rows)?];
             if let [Some(g), Some(u), Some(d)] = kinds {
-                let xs = x.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+                let xs = host_vec(x)?;
                 let mut gs = self.gate.matmul_host(g, &xs)?;
                 super::host::gated(&mut gs, &self.up.matmul_host(u, &xs)?, self.gelu);
                 return shaped_like(x, self.down.matmul_host(d, &gs)?, self.down.w.dims()?.0);

@@ -9,7 +9,7 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, last_position, logits_to_vec, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
+    forward_shared, host_vec, last_position, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
     RopeStyle, Weight,
 };
 use crate::error::Result;
@@ -166,6 +166,6 @@ impl super::Network for Llama {
         }
         self.len += tokens.len();
         let x = self.norm.forward(&last_position(&x)?)?;
-        logits_to_vec(&self.output.forward(&x)?)
+        host_vec(&self.output.forward(&x)?)
     }
 }

@@ -135,8 +135,7 @@ unsafe fn block<const T: u8, const V: u8>(b: *const u8, qx: __m256i) -> (__m256i
             (dot_us::<V>(nibbles(b.add(2)), qx), d, -8.0 * _mm256_cvtss_f32(d))
         }
         Q4_1 => {
-            // `d` and `m` converted together from one 32-bit load.
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32)));
+            let dm = f16_pair(b);
             (dot_us::<V>(nibbles(b.add(4)), qx), _mm256_broadcastss_ps(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
         }
         Q5_0 => {
@@ -158,6 +157,13 @@ unsafe fn block<const T: u8, const V: u8>(b: *const u8, qx: __m256i) -> (__m256i
 #[inline(always)]
 unsafe fn f16x8(b: *const u8) -> __m256 {
     _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(b as *const i16)))
+}
+
+/// The two f16 at `b` (a block's `d` and its minimum) in lanes 0 and 1, converted together from one 32-bit
+/// load, which writes the whole register (see [`f16x8`]).
+#[inline(always)]
+unsafe fn f16_pair(b: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32)))
 }
 
 /// Dot products of `R` weight rows (starting at `rows`, `stride` bytes apart) with `x`: the activation
@@ -231,10 +237,8 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
             for r in 0..R {
                 let b = rows.add(r * stride + sb * bb);
                 prefetch_next_rows::<R>(b, stride, bb.div_ceil(64));
-                // `d` and `dmin` converted together from one 32-bit load (a 16-bit load moved into a
-                // vector compiles to `vpinsrw` into a register the compiler picks, here an accumulator: a
-                // false dependency from each super-block to the last), times the activations' scale.
-                let dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(b as *const i32))), dx4);
+                // `d` and `dmin` times the activations' scale.
+                let dd = _mm_mul_ps(f16_pair(b), dx4);
                 // The 8 scales and minimums unpacked at once into 16-bit lanes; each sub-block's scale is
                 // broadcast from them with one shuffle.
                 let (scales, mins) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
