@@ -305,16 +305,24 @@ fn decisions_close_before_the_token_limit() {
     assert!(cut > 0, "without closing, a random model's strings should run past the limit");
 }
 
-#[test]
-fn forced_tokens_are_counted_and_structure_is_forced() {
-    let mut model = tiny_model(Arch::Qwen2);
+/// What a decision for the calculator (strings capped at 10 characters) is generated from on `model`: its
+/// tokenizer, the decision grammar's constraint, a prompt and the generation's parameters.
+fn calculator_decision(
+    model: &reagent::Model,
+) -> (Arc<reagent::Tokenizer>, reagent::Constraint, Vec<u32>, GenerateParams) {
     let tok = model.tokenizer().clone();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
     let opts = DecisionOptions { max_thought_chars: 10, max_string_chars: 10, ..DecisionOptions::default() };
     let schema = decision_schema(&tools(), &ToolChoice::Specific("calculator".into()), &opts).unwrap();
-    let mut c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
+    let c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
     let prompt = tok.encode("hello", false).unwrap();
-    let params = GenerateParams { max_tokens: 2000, ..GenerateParams::default() };
+    (tok, c, prompt, GenerateParams { max_tokens: 2000, ..GenerateParams::default() })
+}
+
+#[test]
+fn forced_tokens_are_counted_and_structure_is_forced() {
+    let mut model = tiny_model(Arch::Qwen2);
+    let (tok, mut c, prompt, params) = calculator_decision(&model);
     let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
     assert!(g.text.starts_with(r#"{"thought":""#), "{}", g.text);
     // `{"thought":"` is forced, and so is `","type":"call_tool","tool":"calculator","args":{"expression":"`.
@@ -355,13 +363,7 @@ impl LanguageModel for Recording<'_> {
 #[test]
 fn forced_tokens_share_the_forward_pass_of_the_sampled_token_before_them() {
     let mut model = tiny_model(Arch::Qwen2);
-    let tok = model.tokenizer().clone();
-    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let opts = DecisionOptions { max_thought_chars: 10, max_string_chars: 10, ..DecisionOptions::default() };
-    let schema = decision_schema(&tools(), &ToolChoice::Specific("calculator".into()), &opts).unwrap();
-    let mut c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
-    let prompt = tok.encode("hello", false).unwrap();
-    let params = GenerateParams { max_tokens: 2000, ..GenerateParams::default() };
+    let (tok, mut c, prompt, params) = calculator_decision(&model);
     let mut rec = Recording { inner: &mut model, calls: Vec::new() };
     let g = generate_with(&mut rec, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
     assert_eq!(g.stop, reagent::FinishReason::GrammarComplete);
