@@ -5,7 +5,7 @@
 //! cargo run --release --example typed_tool -- [MODEL] ["TASK"]
 //! ```
 
-use reagent::agent::{Agent, AgentConfig, AgentEvent};
+use reagent::agent::{Agent, AgentEvent, FirstCall};
 use reagent::tools::TypedTool;
 use reagent::{catalog, LoadOptions, Model};
 
@@ -30,8 +30,10 @@ fn main() -> reagent::Result<()> {
     let mut agent = Agent::builder()
         .model(Model::load(&path, &LoadOptions::default())?)?
         .tool(to_fahrenheit)
-        // Small models answer from memory what a tool would get right: make the first decision a call.
-        .config(AgentConfig { first_decision_calls: true, max_steps: 4, ..AgentConfig::default() })
+        // The catalog's settings for the model apply. One number is no arithmetic to compute, so by
+        // default the model may answer from memory what the tool gets right: make the first decision a call.
+        .first_call(FirstCall::Always)
+        .max_steps(4)
         .events(|e: &AgentEvent| match e {
             AgentEvent::ToolCallCompleted { call, outcome, .. } => {
                 eprintln!("{} {} → {}", call.tool, call.args, outcome.observation())

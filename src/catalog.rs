@@ -40,20 +40,48 @@ pub struct CatalogEntry {
     pub hf_file: Option<String>,
     #[serde(default)]
     pub packages: Vec<Package>,
-    /// How the agent decides with this model, as measured on the BFCL development split.
+    /// How the agent decides with this model in a run ([`Profile::Run`]).
+    #[serde(default)]
+    pub run: DecisionDefaults,
+    /// How it makes a single decision ([`Profile::SingleDecision`]), as measured on the BFCL development
+    /// split.
     #[serde(default)]
     pub decision: DecisionDefaults,
 }
 
-/// A model's default decision settings (the CLI's `--format auto` and bias defaults).
+impl CatalogEntry {
+    /// The decision settings of `profile`.
+    pub fn settings(&self, profile: Profile) -> &DecisionDefaults {
+        match profile {
+            Profile::Run => &self.run,
+            Profile::SingleDecision => &self.decision,
+        }
+    }
+}
+
+/// Which of a model's catalog settings apply: the one place the decision policy is chosen, for the CLI and
+/// the library alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// A run that goes on after its first decision (`reagent run`, `reagent eval` without `--dry-run`,
+    /// the library's `Agent::builder`): chosen on the mixed suite of the kinds a person
+    /// asks, and on the BFCL split.
+    #[default]
+    Run,
+    /// One decision, recorded without running it (`reagent eval --dry-run`, BFCL-shaped tasks). Here the
+    /// benchmark-shaped machinery may be switched on: proposed extra calls, dropped unstated arguments,
+    /// abstention by grounding.
+    SingleDecision,
+}
+
+/// A model's default decision settings for one [`Profile`].
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DecisionDefaults {
     /// `react` or `native`; absent: native where the model's template supports it, else react.
     pub format: Option<String>,
-    /// The format of multi-step runs (`reagent run`), when it differs from `format` (which single
-    /// decisions, as in `reagent eval --dry-run`, use).
-    pub run_format: Option<String>,
+    /// Whether the first decision must call (`never`, `when-needed`, `always`); absent: when needed.
+    pub first_call: Option<String>,
     #[serde(default)]
     pub call_bias: f32,
     #[serde(default)]
@@ -62,20 +90,28 @@ pub struct DecisionDefaults {
     pub close_bias: f32,
     #[serde(default)]
     pub end_list_bias: f32,
-    /// See [`crate::agent::AgentConfig::abstain_below`].
+    /// The agent's `abstain_below`.
     pub abstain_below: Option<f32>,
-    /// See [`crate::agent::AgentConfig::propose_more_calls`].
+    /// The agent's `propose_more_calls`.
     #[serde(default)]
     pub propose_more_calls: bool,
-    /// See [`crate::agent::AgentConfig::drop_unstated_options`].
+    /// The agent's `drop_unstated_options`.
     #[serde(default)]
     pub drop_unstated_options: bool,
-    /// See [`crate::agent::AgentConfig::drop_unstated_calls`].
+    /// The agent's `drop_unstated_calls`.
     #[serde(default)]
     pub drop_unstated_calls: bool,
-    /// Maximum characters of a ReAct decision's thought ([`crate::DecisionOptions::max_thought_chars`]);
+    /// Maximum characters of a ReAct decision's thought (`DecisionOptions::max_thought_chars`);
     /// absent: its default.
     pub thought_chars: Option<usize>,
+}
+
+/// The catalog entry of the model file at `path` (`file_bytes` long), by its file name and size: the
+/// settings a catalog model gets however it was found (a name, a path into the cache, a copy elsewhere).
+pub fn entry_of_file(path: &Path, file_bytes: u64) -> Option<CatalogEntry> {
+    let name = path.file_name()?.to_str()?;
+    let cat = Catalog::builtin();
+    cat.models.into_iter().find(|e| e.bytes == file_bytes && (e.file == name || e.hf_file.as_deref() == Some(name)))
 }
 
 /// The model catalog.

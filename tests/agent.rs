@@ -366,7 +366,7 @@ fn tool_output_cannot_produce_control_tokens() {
 fn first_decision_calls_makes_an_immediate_answer_a_validation_failure() {
     let (mut a, ev) = agent(
         vec![answer("guess").into(), call("calc", json!({"expression": "2+2"})).into(), answer("4").into()],
-        AgentConfig { first_decision_calls: true, ..AgentConfig::default() },
+        AgentConfig { first_call: reagent::agent::FirstCall::Always, ..AgentConfig::default() },
     );
     let t = a.run("2+2?").unwrap();
     assert_eq!(t.final_answer.as_deref(), Some("4"));
@@ -644,14 +644,16 @@ fn a_first_call_with_made_up_values_becomes_an_answer() {
     assert_eq!((t.steps[0].calls.len(), t.steps[0].grounding), (1, Some(1.0)));
 }
 
-/// A final answer whose arithmetic is wrong is a validation failure with the right result, retried; the
-/// last attempt's answer stands, and with the check off the first does.
+/// A final answer whose arithmetic is wrong is a validation failure with the right result, retried (under
+/// `auto` the retry must call: a small model told the right sum still writes its own); the last attempt's
+/// answer stands, and with the check off the first does.
 #[test]
 fn an_answer_with_wrong_arithmetic_is_asked_again_with_the_right_result() {
     let script = || {
         vec![
             call("calc", json!({"expression": "12+7"})).into(),
             answer("12 + 7 + 30 + 41 = 120").into(),
+            call("calc", json!({"expression": "19+71"})).into(),
             answer("12 + 7 + 30 + 41 = 90").into(),
         ]
     };
@@ -681,7 +683,7 @@ fn an_answer_with_wrong_arithmetic_is_asked_again_with_the_right_result() {
 /// there fails), and a slip is sent back once a run: written again, it stands, so the run still answers.
 #[test]
 fn after_a_slip_the_retry_calls_and_a_slip_is_sent_back_once() {
-    let config = AgentConfig { first_decision_calls: true, ..AgentConfig::default() };
+    let config = AgentConfig { first_call: reagent::agent::FirstCall::Always, ..AgentConfig::default() };
     let (mut a, ev) = agent(
         vec![
             call("calc", json!({"expression": "12+7"})).into(),
@@ -752,7 +754,11 @@ fn a_cycle_of_calls_is_refused_with_the_known_result() {
 
 #[test]
 fn a_must_call_first_step_is_never_dropped() {
-    let config = AgentConfig { abstain_below: Some(0.5), first_decision_calls: true, ..AgentConfig::default() };
+    let config = AgentConfig {
+        abstain_below: Some(0.5),
+        first_call: reagent::agent::FirstCall::Always,
+        ..AgentConfig::default()
+    };
     let (mut a, ev) = agent(vec![call("calc", json!({"expression": "7+9"})).into(), answer("16").into()], config);
     let t = a.run("Tell me a joke about cats").unwrap();
     assert_eq!(t.steps[0].calls.len(), 1);

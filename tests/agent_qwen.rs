@@ -8,7 +8,7 @@ use reagent::tools::{builtin_tools, BuiltinOptions};
 use reagent::{LoadOptions, Model, Sampling};
 
 fn run(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
-    run_with(task, root, only, AgentConfig { first_decision_calls: true, ..AgentConfig::default() })
+    run_with(task, root, only, AgentConfig { first_call: reagent::agent::FirstCall::Always, ..AgentConfig::default() })
 }
 
 /// The native format with the catalog's biases for this model and a first decision that calls, as
@@ -18,7 +18,7 @@ fn run_native(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
     let config = AgentConfig {
         format: DecisionFormat::Native,
         branch_biases: biases,
-        first_decision_calls: true,
+        first_call: reagent::agent::FirstCall::Always,
         ..AgentConfig::default()
     };
     run_with(task, root, only, config)

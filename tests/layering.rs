@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["error"],
     &["limits"],
+    &["catalog"],
     &["gguf"],
     &["model"],
     &["text"],
     &["decode"],
     &["tools"],
     &["agent"],
-    &["catalog"],
     &["eval", "bench"],
     &["cli"],
 ];

@@ -82,6 +82,11 @@ pub trait Driver: Send {
     fn check_grammar(&self, _grammar: &Grammar) -> Result<()> {
         Ok(())
     }
+    /// The catalog entry of the driver's model, whose decision settings an agent built without an
+    /// explicit configuration takes ([`AgentBuilder`](super::AgentBuilder)).
+    fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
+        None
+    }
 }
 
 /// A model, constrained by the decision grammar or free.
@@ -305,6 +310,10 @@ impl Driver for ModelDriver {
 
     fn measure(&mut self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Option<(usize, usize)>> {
         Ok(Some((self.tokens(messages, tools)?.len(), self.model.context_length())))
+    }
+
+    fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
+        self.model.catalog_entry()
     }
 
     fn supports_native(&self) -> bool {

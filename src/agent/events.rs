@@ -104,6 +104,13 @@ pub enum AgentEvent {
         call: ToolCall,
         kept: bool,
     },
+    /// The request itself says a tool is needed ([`crate::tools::Tool::needed_for`]): under
+    /// [`FirstCall::WhenNeeded`](super::FirstCall::WhenNeeded) the first decision must call one.
+    CallRequired {
+        step: usize,
+        tool: String,
+        reason: String,
+    },
     FinalAnswer {
         step: usize,
         answer: String,
@@ -140,6 +147,8 @@ pub enum StopReason {
     TokenBudget { used: usize, budget: usize },
     /// The model or driver failed (an I/O or inference error, a scripted driver that ran out).
     DriverError { message: String },
+    /// Every answer the model gave repeated the error of a failed call: what failed, said plainly.
+    ToolFailed { tool: String, error: String },
     /// An interrupt was requested ([`crate::limits::request_interrupt`]: the CLI's Ctrl-C).
     Interrupted,
 }
@@ -157,6 +166,7 @@ impl std::fmt::Display for StopReason {
             }
             StopReason::TokenBudget { used, budget } => write!(f, "token budget spent ({used} of {budget})"),
             StopReason::DriverError { message } => write!(f, "{message}"),
+            StopReason::ToolFailed { tool, error } => write!(f, "no answer: `{tool}` failed: {error}"),
             StopReason::Interrupted => write!(f, "interrupted"),
         }
     }

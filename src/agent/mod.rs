@@ -32,8 +32,10 @@ mod run;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::catalog::Profile;
 pub use crate::tools::ToolCall;
 pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
@@ -69,9 +71,8 @@ pub struct AgentConfig {
     pub tool_timeout: Duration,
     /// Text added to the system prompt after the decision instructions.
     pub system_prompt: Option<String>,
-    /// Under `auto`, make the first decision a tool call (small models otherwise answer from memory what
-    /// a tool would get right); later decisions may answer.
-    pub first_decision_calls: bool,
+    /// Under `auto`, whether the first decision must call a tool or is the model's choice.
+    pub first_call: FirstCall,
     /// Under `auto`, after a call that failed (a tool error, timeout or panic), make the next decision a
     /// call: small models otherwise answer with the error instead of fixing the call. Not twice in a row.
     pub call_after_error: bool,
@@ -116,7 +117,7 @@ impl Default for AgentConfig {
             token_budget: None,
             tool_timeout: Duration::from_secs(30),
             system_prompt: None,
-            first_decision_calls: false,
+            first_call: FirstCall::WhenNeeded,
             call_after_error: false,
             abstain_below: None,
             propose_more_calls: false,
@@ -127,12 +128,104 @@ impl Default for AgentConfig {
     }
 }
 
-/// Builds an [`Agent`].
+/// Under `auto`, whether the first decision of a run must call a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FirstCall {
+    /// The model chooses between calling and answering.
+    Never,
+    /// A call is required when the request itself says a tool is needed ([`Tool::needed_for`]: it names a
+    /// path a file tool can reach, it writes arithmetic); otherwise the model chooses. A plain question
+    /// is answered, a question about a file is not answered from memory.
+    #[default]
+    WhenNeeded,
+    /// Always a call (small models answer from memory what a tool would get right, but then a plain
+    /// question gets an invented call).
+    Always,
+}
+
+impl std::str::FromStr for FirstCall {
+    type Err = Error;
+
+    /// `never`, `when-needed` or `always`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "never" => Ok(Self::Never),
+            "when-needed" | "when_needed" => Ok(Self::WhenNeeded),
+            "always" => Ok(Self::Always),
+            _ => Err(Error::param("first call", format!("`{s}` (the choices are never, when-needed, always)"))),
+        }
+    }
+}
+
+impl std::fmt::Display for FirstCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Never => "never",
+            Self::WhenNeeded => "when-needed",
+            Self::Always => "always",
+        })
+    }
+}
+
+impl AgentConfig {
+    /// Sets the decision fields from a model's catalog settings (`supports_native`: whether the driver can
+    /// decide natively; a native default falls back to ReAct where it cannot).
+    pub fn apply_settings(&mut self, s: &crate::catalog::DecisionDefaults, supports_native: bool) -> Result<()> {
+        self.format = match s.format.as_deref() {
+            Some(f) => match f.parse()? {
+                DecisionFormat::Native if !supports_native => DecisionFormat::React,
+                f => f,
+            },
+            None if supports_native => DecisionFormat::Native,
+            None => DecisionFormat::React,
+        };
+        if let Some(f) = &s.first_call {
+            self.first_call = f.parse()?;
+        }
+        self.branch_biases = BranchBiases {
+            call: s.call_bias,
+            more_calls: s.more_calls_bias,
+            close: s.close_bias,
+            end_list: s.end_list_bias,
+        };
+        self.abstain_below = s.abstain_below.filter(|&g| g > 0.0);
+        self.propose_more_calls = s.propose_more_calls;
+        self.drop_unstated_options = s.drop_unstated_options;
+        self.drop_unstated_calls = s.drop_unstated_calls;
+        if let Some(n) = s.thought_chars {
+            self.decision.max_thought_chars = n;
+        }
+        Ok(())
+    }
+
+    /// The defaults with the decision settings of a catalog model for `profile` (`entry`: `None` for a
+    /// model outside the catalog, which keeps the defaults); `supports_native`: whether the driver can
+    /// decide in the model's own call syntax. What an agent built without [`AgentBuilder::config`] uses.
+    pub fn for_model(
+        entry: Option<&crate::catalog::CatalogEntry>,
+        profile: crate::catalog::Profile,
+        supports_native: bool,
+    ) -> Result<Self> {
+        let mut config = Self::default();
+        if let Some(e) = entry {
+            config.apply_settings(e.settings(profile), supports_native)?;
+        }
+        Ok(config)
+    }
+}
+
+/// Builds an [`Agent`]. Without [`config`](Self::config), the agent takes the decision settings the
+/// catalog gives the driver's model for the [profile](Self::profile) (a run, by default): the library
+/// decides as `reagent run` does.
 #[derive(Default)]
 pub struct AgentBuilder {
     driver: Option<Box<dyn Driver>>,
     tools: Vec<Arc<dyn Tool>>,
     config: AgentConfig,
+    /// `config` was given whole: no catalog settings are applied.
+    explicit_config: bool,
+    profile: crate::catalog::Profile,
     interceptors: Vec<Box<dyn Interceptor>>,
     sink: Option<Box<dyn EventSink>>,
 }
@@ -168,12 +261,26 @@ impl AgentBuilder {
         self.config.max_steps = n;
         self
     }
+    /// Under `auto`, whether the first decision must call a tool.
+    pub fn first_call(mut self, f: FirstCall) -> Self {
+        self.config.first_call = f;
+        self
+    }
     pub fn max_retries(mut self, n: usize) -> Self {
         self.config.max_retries = n;
         self
     }
+    /// The whole configuration, used as it is (no catalog settings are applied over it; start from
+    /// [`AgentConfig::for_model`] to keep them).
     pub fn config(mut self, c: AgentConfig) -> Self {
         self.config = c;
+        self.explicit_config = true;
+        self
+    }
+    /// Which catalog settings of the model apply when no [`config`](Self::config) is given (default: a
+    /// run).
+    pub fn profile(mut self, p: crate::catalog::Profile) -> Self {
+        self.profile = p;
         self
     }
     pub fn interceptor(mut self, i: impl Interceptor + 'static) -> Self {
@@ -186,8 +293,11 @@ impl AgentBuilder {
         self
     }
 
-    pub fn build(self) -> Result<Agent> {
+    pub fn build(mut self) -> Result<Agent> {
         let driver = self.driver.ok_or_else(|| Error::param("agent", "it needs a driver or a model"))?;
+        if let (false, Some(entry)) = (self.explicit_config, driver.catalog_entry()) {
+            self.config.apply_settings(entry.settings(self.profile), driver.supports_native())?;
+        }
         if self.config.max_steps == 0 {
             return Err(Error::param("max steps", "must be at least 1"));
         }

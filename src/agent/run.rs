@@ -48,6 +48,10 @@ struct RunState {
     /// The equations already sent back as arithmetic slips: each is sent back once a run, so a model that
     /// writes it again (or a slip that is none) cannot keep a run from answering.
     flagged_slips: Vec<String>,
+    /// The first decision must call a tool ([`AgentConfig::first_call`]).
+    first_call_required: bool,
+    /// Each failed call's tool and error text: an answer that repeats one is not an answer.
+    failures: Vec<(String, String)>,
 }
 
 /// How a step's attempts check the arithmetic a decision writes ([`AgentConfig::check_arithmetic`]).
@@ -65,7 +69,8 @@ struct StepGrammars {
     normal: StepGrammar,
     /// Answers only: after a repeated call is refused, an `auto` run must answer.
     answer_only: StepGrammar,
-    /// Calls only: the first step, or the step after an error, where the settings ask for a call.
+    /// Calls only (under `auto`): the first step where a call is required, or the step after an error
+    /// where the settings ask for a call.
     call_only: Option<StepGrammar>,
     /// One more call after a decision's calls, when the settings propose more calls.
     more_calls: Option<Grammar>,
@@ -73,11 +78,10 @@ struct StepGrammars {
 
 impl StepGrammars {
     fn new(specs: &[ToolSpec], config: &AgentConfig) -> Result<Self> {
-        let must_call = config.first_decision_calls || config.call_after_error;
         Ok(Self {
             normal: StepGrammar::new(specs, &config.tool_choice, config)?,
             answer_only: StepGrammar::new(specs, &ToolChoice::None, config)?,
-            call_only: (must_call && config.tool_choice == ToolChoice::Auto && !specs.is_empty())
+            call_only: (config.tool_choice == ToolChoice::Auto && !specs.is_empty())
                 .then(|| StepGrammar::new(specs, &ToolChoice::Required, config))
                 .transpose()?,
             more_calls: (config.propose_more_calls
@@ -115,11 +119,11 @@ impl Agent {
         let specs = self.executor.tools().specs();
         let tools_value =
             (self.config.format == DecisionFormat::Native && !specs.is_empty()).then(|| native::tools_value(&specs));
-        let grammars = StepGrammars::new(&self.grammar_specs, &self.config)?;
+        let grammars = StepGrammars::new(&self.live_specs(), &self.config)?;
         let mut messages = self.opening_messages(conversation, &specs);
         let names = specs.iter().map(|s| s.name.clone()).collect();
         self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
-        let mut run = RunState::default();
+        let mut run = RunState { first_call_required: self.first_call_required(&task), ..RunState::default() };
         let stop = loop {
             if crate::limits::interrupted() {
                 break StopReason::Interrupted;
@@ -144,6 +148,52 @@ impl Agent {
             _ => None,
         };
         Ok(Transcript { task, steps, final_answer, stop_reason: stop, stats })
+    }
+
+    /// The grammar specs with each tool's [live parameters](crate::tools::Tool::live_parameters) (paths
+    /// that exist), read at the start of a run; the specs as built where the narrowed grammar does not
+    /// compile.
+    fn live_specs(&self) -> Vec<ToolSpec> {
+        let mut specs = self.grammar_specs.clone();
+        let mut narrowed = false;
+        for spec in &mut specs {
+            if let Some(p) = self.executor.tools().get(&spec.name).and_then(|t| t.live_parameters()) {
+                spec.parameters = p;
+                narrowed = true;
+            }
+        }
+        let compiles = || {
+            StepGrammar::new(&specs, &self.config.tool_choice, &self.config)
+                .and_then(|g| self.driver.check_grammar(&g.grammar))
+                .is_ok()
+        };
+        if narrowed && !compiles() {
+            return self.grammar_specs.clone();
+        }
+        specs
+    }
+
+    /// Whether the first decision must call ([`AgentConfig::first_call`]); a call the request itself asks
+    /// for is announced as an event.
+    fn first_call_required(&mut self, task: &str) -> bool {
+        use super::FirstCall;
+        if self.config.tool_choice != ToolChoice::Auto || self.executor.tools().is_empty() {
+            return false;
+        }
+        match self.config.first_call {
+            FirstCall::Never => false,
+            FirstCall::Always => true,
+            FirstCall::WhenNeeded => {
+                let names: Vec<String> = self.executor.tools().names().iter().map(|n| n.to_string()).collect();
+                let needed = names.into_iter().find_map(|name| {
+                    let reason = self.executor.tools().get(&name)?.needed_for(task)?;
+                    Some((name, reason))
+                });
+                let Some((tool, reason)) = needed else { return false };
+                self.emit(AgentEvent::CallRequired { step: 1, tool, reason });
+                true
+            }
+        }
     }
 
     /// The system prompt (ReAct: the decision format and the tools; native: the chat template renders the
@@ -181,13 +231,14 @@ impl Agent {
         has_tools: bool,
     ) -> Result<Option<StopReason>> {
         let step_no = run.steps.len() + 1;
-        let forced_call = (run.steps.is_empty() && self.config.first_decision_calls) || run.after_error;
+        let forced_call = (run.steps.is_empty() && run.first_call_required) || run.after_error;
         let grammar = grammars.pick(forced_call, run.force_answer);
         let forced_after_error = std::mem::take(&mut run.after_error);
         // A step that must answer is not asked to call after a slip.
         let slips = (self.config.check_arithmetic && !run.force_answer)
             .then_some(SlipCheck { grammar: grammars.call_only.as_ref(), flagged: &mut run.flagged_slips });
-        let mut decided = match self.attempt(step_no, messages, grammar, slips, tools, &mut run.stats)? {
+        let failures = &run.failures;
+        let mut decided = match self.attempt(step_no, messages, grammar, slips, failures, tools, &mut run.stats)? {
             Attempt::Decided(d) => d,
             Attempt::Stop(s) => return Ok(Some(s)),
         };
@@ -208,7 +259,15 @@ impl Agent {
                 let calls = decided.decision.calls();
                 self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold });
                 self.driver.rollback();
-                match self.attempt(step_no, messages, &grammars.answer_only, None, tools, &mut run.stats)? {
+                match self.attempt(
+                    step_no,
+                    messages,
+                    &grammars.answer_only,
+                    None,
+                    &run.failures,
+                    tools,
+                    &mut run.stats,
+                )? {
                     Attempt::Decided(answer) => decided = merge_redecided(decided, answer),
                     Attempt::Stop(s) => return Ok(Some(s)),
                 }
@@ -311,13 +370,17 @@ impl Agent {
         }
     }
 
-    /// Gets one valid decision, retrying extraction and validation failures with the error fed back.
+    /// Gets one valid decision, retrying extraction and validation failures with the error fed back. An
+    /// answer that repeats the error of a failed call (`failures`) is sent back too; on the last attempt
+    /// the run stops, saying what failed.
+    #[allow(clippy::too_many_arguments)]
     fn attempt(
         &mut self,
         step: usize,
         messages: &mut [ChatMessage],
         schema: &StepGrammar,
         mut slips: Option<SlipCheck>,
+        failures: &[(String, String)],
         tools: Option<&Value>,
         stats: &mut RunStats,
     ) -> Result<Attempt> {
@@ -372,6 +435,17 @@ impl Agent {
                 },
                 _ => Ok(d),
             });
+            let checked = match checked.map(|d| (copied_failure(&d, failures), d)) {
+                Ok((Some((tool, error)), _)) if last => {
+                    return Ok(Attempt::Stop(StopReason::ToolFailed { tool: tool.clone(), error: error.clone() }))
+                }
+                Ok((Some((tool, _)), d)) => Err(Failure::Validation(
+                    format!("the answer repeats the error of `{tool}` instead of answering the task"),
+                    serde_json::to_value(&d).unwrap_or(Value::Null),
+                )),
+                Ok((None, d)) => Ok(d),
+                Err(e) => Err(e),
+            };
             after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
             let error = match checked {
                 Ok(decision) => {
@@ -612,6 +686,21 @@ fn arithmetic_slips(decision: &Decision, messages: &[ChatMessage], flagged: &mut
     let found: Vec<String> = slips.iter().map(ToString::to_string).collect();
     let error = format!("the {what}'s arithmetic is wrong: {}", found.join("; "));
     Some(Failure::Arithmetic(error, serde_json::to_value(decision).unwrap_or(Value::Null)))
+}
+
+/// The failed call (tool, error) whose error text an answer repeats: it contains the error's first 40
+/// characters (or all of a shorter one of 12 or more), or it is 12 characters or more found in the error,
+/// compared without case and with runs of white space as one space.
+fn copied_failure<'f>(decision: &Decision, failures: &'f [(String, String)]) -> Option<&'f (String, String)> {
+    let Decision::FinalAnswer { answer, .. } = decision else { return None };
+    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
+    let answer = norm(answer);
+    failures.iter().rev().find(|(_, error)| {
+        let error = norm(error);
+        let head: String = error.chars().take(40).collect();
+        (head.chars().count() >= 12 && answer.contains(&head))
+            || (answer.chars().count() >= 12 && error.contains(&answer))
+    })
 }
 
 /// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).

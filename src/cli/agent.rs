@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, ModelDriver};
+use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, ModelDriver, Profile, StopReason};
 use reagent::eval::{finished_ids, load_tasks, run_eval, unknown_fields, EvalOptions, Summary};
 use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
 use reagent::tools::{builtin_tools, read_tools_file, BuiltinOptions, Tool};
@@ -32,7 +32,8 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
     }
-    a.agent.decision.resolve(&a.model, driver.supports_native(), true)?.apply(&mut config);
+    let entry = driver.catalog_entry();
+    a.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     let (json, colour) = (a.json, std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let mut events = trace.as_ref().map(Trace::events).transpose()?;
     let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
@@ -59,12 +60,15 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         t.finish(&transcript)?;
     }
     if !json {
-        if let Some(answer) = &transcript.final_answer {
-            out!("{answer}");
+        match &transcript.final_answer {
+            Some(answer) => out!("{answer}"),
+            // A run that failed says so, where the answer would be.
+            None if transcript.stop_reason != StopReason::Interrupted => out!("No answer: {}", transcript.stop_reason),
+            None => {}
         }
     }
     Ok(match (&transcript.stop_reason, &transcript.final_answer) {
-        (reagent::agent::StopReason::Interrupted, _) => ExitCode::from(INTERRUPTED_EXIT),
+        (StopReason::Interrupted, _) => ExitCode::from(INTERRUPTED_EXIT),
         (_, Some(_)) => ExitCode::SUCCESS,
         (_, None) => ExitCode::from(1),
     })
@@ -139,12 +143,6 @@ fn run_config(a: &RunArgs) -> Result<AgentConfig> {
         decision: reagent::DecisionOptions { max_string_chars: a.max_string_chars, ..base.decision },
         max_decision_tokens: a.max_decision_tokens,
         tool_timeout,
-        // Small models answer from memory what a tool would get right, so the CLI's first decision calls.
-        // The native call bias is calibrated on BFCL, where abstaining is often right; on a question about
-        // a file the default model's call margin is -1.4 (it answers "Alibaba Cloud"), so it does not
-        // replace this policy yet.
-        first_decision_calls: !a.allow_direct_answer,
-        call_after_error: !a.allow_direct_answer,
         ..base
     })
 }
@@ -190,9 +188,10 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
         true => Box::new(ModelDriver::free_form(model, Sampling::Greedy, 0)),
         false => Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?),
     };
-    let settings = a.agent.decision.resolve(&a.model, driver.supports_native(), !a.dry_run)?;
-    eprintln!("decisions: {settings}");
-    settings.apply(&mut opts.agent);
+    let profile = if a.dry_run { Profile::SingleDecision } else { Profile::Run };
+    let entry = driver.catalog_entry();
+    a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
+    eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent));
     let total = opts.limit.map_or(todo.len(), |l| l.min(todo.len()));
     let pb = indicatif::ProgressBar::new(total as u64);
     pb.set_style(
@@ -243,6 +242,6 @@ fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
         limit: a.limit,
         reuse_across_tasks: a.reuse_across_tasks,
         events: a.trace.as_deref().map(reagent::eval::EventLog::create).transpose()?,
-        agent: AgentConfig { first_decision_calls: a.first_call, call_after_error: a.first_call, ..a.agent.config()? },
+        agent: a.agent.config()?,
     })
 }

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 
-use reagent::catalog::Catalog;
-
 #[derive(Parser)]
 #[command(name = "reagent", version, about = "A local-model agent with in-process GGUF inference")]
 pub(crate) struct Cli {
@@ -63,10 +61,6 @@ pub(crate) struct EvalArgs {
     pub(crate) trace: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) agent: AgentArgs,
-    /// Under `--tool-choice auto`, the first decision must call a tool, and so must the decision after a
-    /// failed call (as in `reagent run` without --allow-direct-answer).
-    #[arg(long)]
-    pub(crate) first_call: bool,
     /// Keep the KV cache from task to task (faster where tasks share a prompt prefix, but a task's result
     /// then depends on the task before it, and a resumed eval may differ from an uninterrupted one).
     #[arg(long)]
@@ -114,11 +108,6 @@ pub(crate) struct RunArgs {
     /// Tool call timeout in seconds.
     #[arg(long, default_value_t = reagent::AgentConfig::default().tool_timeout.as_secs_f64())]
     pub(crate) tool_timeout: f64,
-    /// Let the first decision, and the one after a failed call, answer directly; by default, under `auto`,
-    /// they must call a tool (small models otherwise answer from memory what a tool would get right, and
-    /// answer with an error instead of fixing the call).
-    #[arg(long)]
-    pub(crate) allow_direct_answer: bool,
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
     #[arg(long)]
     pub(crate) no_prefix_reuse: bool,
@@ -155,6 +144,28 @@ pub(crate) struct AgentArgs {
     pub(crate) decision: DecisionArgs,
 }
 
+/// `--format`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FormatArg {
+    /// The catalog's choice for the model, else native where the template supports it.
+    Auto,
+    /// reagent's JSON object `{thought, type, tool, args, answer}` (any model).
+    React,
+    /// The model's own tool-call syntax (templates that render tools: Qwen 2.5).
+    Native,
+}
+
+/// `--first-call`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FirstCallArg {
+    /// The model chooses between calling and answering.
+    Never,
+    /// A call when the request names a path the file tools can reach or writes arithmetic.
+    WhenNeeded,
+    /// Always a call.
+    Always,
+}
+
 impl AgentArgs {
     /// The agent settings these flags give (the decision format and biases come from
     /// [`DecisionArgs::resolve`], once the driver is known).
@@ -185,52 +196,48 @@ pub(crate) enum ModelsCmd {
 }
 
 #[derive(Args)]
+#[command(next_help_heading = "Decision tuning (defaults: the catalog's settings for the model)")]
 pub(crate) struct DecisionArgs {
-    /// Decision format: react (reagent's JSON object, any model), native (the model's own tool-call
-    /// syntax, for templates that render tools: Qwen 2.5), or auto (the catalog's choice for the model and
-    /// for single or multi-step runs, else native where the template supports it).
-    #[arg(long, default_value = "auto")]
-    pub(crate) format: String,
-    /// Logit bias for calling a tool over answering, where a native decision starts (default: the
-    /// catalog's value for the model, else 0).
+    /// How decisions are written.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) format: FormatArg,
+    /// Under `--tool-choice auto`, whether the first decision must call a tool.
+    #[arg(long, value_enum)]
+    pub(crate) first_call: Option<FirstCallArg>,
+    /// After a failed call, the next decision must call again (not twice in a row).
+    #[arg(long)]
+    pub(crate) call_after_error: bool,
+    /// Logit bias for calling a tool over answering, where a native decision starts.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) call_bias: Option<f32>,
-    /// Logit bias for one more call over ending a native decision after a call (default: the catalog's
-    /// value for the model, else 0).
+    /// Logit bias for one more call over ending a native decision after a call.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) more_calls_bias: Option<f32>,
-    /// Logit bias for closing an object of arguments over adding an optional argument, in a native
-    /// decision (default: the catalog's value for the model, else 0).
+    /// Logit bias for closing an object of arguments over adding an optional argument (native).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) close_bias: Option<f32>,
-    /// Logit bias for ending a list (an array, or a string at a comma: "rock, jazz") over adding an item,
-    /// in a native decision (default: the catalog's value for the model, else 0).
+    /// Logit bias for ending a list (an array, or a string at a comma) over adding an item (native).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) end_list_bias: Option<f32>,
     /// Under `--tool-choice auto`, turn a first decision into an answer when less than this share of its
-    /// first call's argument values are words of the user's messages (optional arguments they do not state
-    /// left out): the model called a tool that does not fit (default: the catalog's value for the model,
-    /// else never; 0 disables).
+    /// first call's argument values are words of the user's messages (0 disables).
     #[arg(long)]
     pub(crate) abstain_below: Option<f32>,
     /// With --parallel-calls N and the native format: after a decision's calls, propose one more and keep
-    /// it when its new values are words of the request (default: the catalog's choice for the model).
+    /// it when its new values are words of the request.
     #[arg(long, value_name = "yes|no")]
     pub(crate) propose_more_calls: Option<Toggle>,
-    /// With the native format: leave out of each call the optional arguments whose values the request
-    /// does not state (default: the catalog's choice for the model).
+    /// Native format: leave out the optional arguments whose values the request does not state.
     #[arg(long, value_name = "yes|no")]
     pub(crate) drop_unstated_options: Option<Toggle>,
-    /// With the native format: leave out of a decision the calls after its first that bring a value the
-    /// request does not state, or repeat an earlier call but for booleans (default: the catalog's choice).
+    /// Native format: leave out the calls after the first that bring a value the request does not state.
     #[arg(long, value_name = "yes|no")]
     pub(crate) drop_unstated_calls: Option<Toggle>,
-    /// Maximum characters of a ReAct decision's `thought`; 0 leaves it empty (default: the catalog's
-    /// value for the model, else 200).
+    /// Maximum characters of a ReAct decision's `thought`; 0 leaves it empty.
     #[arg(long)]
     pub(crate) max_thought_chars: Option<usize>,
     /// Recompute the arithmetic a decision's answer or thought writes (`12 + 7 = 20`) and, where a result
-    /// is wrong, ask again with the right one, made to call a tool where the first decision must call.
+    /// is wrong, ask again with the right one.
     #[arg(long, value_name = "yes|no", default_value = "yes")]
     pub(crate) check_arithmetic: Toggle,
 }
@@ -242,118 +249,79 @@ pub(crate) enum Toggle {
     No,
 }
 
-/// What [`DecisionArgs::resolve`] settles.
-pub(crate) struct DecisionSettings {
-    pub(crate) format: reagent::agent::DecisionFormat,
-    pub(crate) biases: reagent::agent::BranchBiases,
-    pub(crate) abstain_below: Option<f32>,
-    pub(crate) propose_more_calls: bool,
-    pub(crate) drop_unstated_options: bool,
-    pub(crate) drop_unstated_calls: bool,
-    pub(crate) max_thought_chars: usize,
-    pub(crate) check_arithmetic: bool,
-}
-
-impl DecisionSettings {
-    /// Sets the decision fields of `config`.
-    pub(crate) fn apply(self, config: &mut reagent::AgentConfig) {
-        config.format = self.format;
-        config.branch_biases = self.biases;
-        config.abstain_below = self.abstain_below;
-        config.propose_more_calls = self.propose_more_calls;
-        config.drop_unstated_options = self.drop_unstated_options;
-        config.drop_unstated_calls = self.drop_unstated_calls;
-        config.decision.max_thought_chars = self.max_thought_chars;
-        config.check_arithmetic = self.check_arithmetic;
-    }
-}
-
-impl std::fmt::Display for DecisionSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let abstain = self.abstain_below.map_or("never".to_string(), |g| g.to_string());
-        write!(
-            f,
-            "{} format, call bias {}, more-calls bias {}, close bias {}, end-list bias {}, abstain below {abstain}",
-            self.format, self.biases.call, self.biases.more_calls, self.biases.close, self.biases.end_list,
-        )?;
-        // Proposals and the two drop rules act on native decisions only.
-        if self.format == reagent::agent::DecisionFormat::Native {
-            write!(
-                f,
-                "{}{}{}",
-                if self.propose_more_calls { ", proposing more calls" } else { "" },
-                if self.drop_unstated_options { ", dropping unstated optional arguments" } else { "" },
-                if self.drop_unstated_calls { ", dropping unstated later calls" } else { "" },
-            )?;
+impl DecisionArgs {
+    /// Sets the decision fields of `config`: the catalog's settings for the model (`entry`) and `profile`,
+    /// then the flags given. `supports_native`: whether the driver can decide natively.
+    pub(crate) fn apply(
+        &self,
+        config: &mut reagent::AgentConfig,
+        entry: Option<&reagent::catalog::CatalogEntry>,
+        profile: reagent::agent::Profile,
+        supports_native: bool,
+    ) -> Result<()> {
+        use reagent::agent::{DecisionFormat, FirstCall};
+        let defaults = entry.map(|e| e.settings(profile).clone()).unwrap_or_default();
+        config.apply_settings(&defaults, supports_native)?;
+        match self.format {
+            FormatArg::Auto => {}
+            FormatArg::React => config.format = DecisionFormat::React,
+            FormatArg::Native => config.format = DecisionFormat::Native,
         }
-        if self.format == reagent::agent::DecisionFormat::React {
-            match self.max_thought_chars {
-                0 => write!(f, ", no thought")?,
-                n => write!(f, ", thought of up to {n} characters")?,
-            }
+        if let Some(f) = self.first_call {
+            config.first_call = match f {
+                FirstCallArg::Never => FirstCall::Never,
+                FirstCallArg::WhenNeeded => FirstCall::WhenNeeded,
+                FirstCallArg::Always => FirstCall::Always,
+            };
         }
-        if !self.check_arithmetic {
-            write!(f, ", arithmetic unchecked")?;
+        config.call_after_error |= self.call_after_error;
+        let b = &mut config.branch_biases;
+        b.call = self.call_bias.unwrap_or(b.call);
+        b.more_calls = self.more_calls_bias.unwrap_or(b.more_calls);
+        b.close = self.close_bias.unwrap_or(b.close);
+        b.end_list = self.end_list_bias.unwrap_or(b.end_list);
+        match self.abstain_below {
+            Some(g) if !(0.0..=1.0).contains(&g) => bail!("--abstain-below must be between 0 and 1, not {g}"),
+            Some(g) => config.abstain_below = (g > 0.0).then_some(g),
+            None => {}
         }
+        let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
+        config.propose_more_calls = toggle(self.propose_more_calls, config.propose_more_calls);
+        config.drop_unstated_options = toggle(self.drop_unstated_options, config.drop_unstated_options);
+        config.drop_unstated_calls = toggle(self.drop_unstated_calls, config.drop_unstated_calls);
+        if let Some(n) = self.max_thought_chars {
+            config.decision.max_thought_chars = n;
+        }
+        config.check_arithmetic = self.check_arithmetic == Toggle::Yes;
         Ok(())
     }
 }
 
-impl DecisionArgs {
-    /// The format and biases for `model` (a catalog name or a path), what its driver supports, and whether
-    /// the run goes on after the first decision (`reagent run`: the catalog's `run_format` applies).
-    pub(crate) fn resolve(
-        &self,
-        model: &ModelArgs,
-        supports_native: bool,
-        multi_step: bool,
-    ) -> Result<DecisionSettings> {
-        use reagent::agent::DecisionFormat;
-        let cat = Catalog::builtin();
-        let name = model.model.clone().unwrap_or_else(|| cat.default.clone());
-        let defaults = cat.get(&name).map(|e| e.decision.clone()).unwrap_or_default();
-        let catalog_format = match multi_step {
-            true => defaults.run_format.as_deref().or(defaults.format.as_deref()),
-            false => defaults.format.as_deref(),
-        };
-        let format = match (self.format.as_str(), catalog_format) {
-            ("auto", Some(f)) => f.parse()?,
-            ("auto", None) if supports_native => DecisionFormat::Native,
-            ("auto", None) => DecisionFormat::React,
-            (f, _) => f.parse()?,
-        };
-        let format = match format {
-            DecisionFormat::Native if !supports_native && self.format == "auto" => DecisionFormat::React,
-            f => f,
-        };
-        let biases = reagent::agent::BranchBiases {
-            call: self.call_bias.unwrap_or(defaults.call_bias),
-            more_calls: self.more_calls_bias.unwrap_or(defaults.more_calls_bias),
-            close: self.close_bias.unwrap_or(defaults.close_bias),
-            end_list: self.end_list_bias.unwrap_or(defaults.end_list_bias),
-        };
-        let abstain_below = match self.abstain_below.or(defaults.abstain_below) {
-            Some(g) if !(0.0..=1.0).contains(&g) => bail!("--abstain-below must be between 0 and 1, not {g}"),
-            g => g.filter(|&g| g > 0.0),
-        };
-        let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
-        let propose_more_calls = toggle(self.propose_more_calls, defaults.propose_more_calls);
-        let drop_unstated_options = toggle(self.drop_unstated_options, defaults.drop_unstated_options);
-        let drop_unstated_calls = toggle(self.drop_unstated_calls, defaults.drop_unstated_calls);
-        Ok(DecisionSettings {
-            format,
-            biases,
-            abstain_below,
-            propose_more_calls,
-            drop_unstated_options,
-            drop_unstated_calls,
-            max_thought_chars: self
-                .max_thought_chars
-                .or(defaults.thought_chars)
-                .unwrap_or(reagent::DecisionOptions::default().max_thought_chars),
-            check_arithmetic: self.check_arithmetic == Toggle::Yes,
-        })
+/// The decision settings of `config`, in one line (`reagent eval` prints it).
+pub(crate) fn describe_decisions(config: &reagent::AgentConfig) -> String {
+    use reagent::agent::DecisionFormat;
+    let b = &config.branch_biases;
+    let abstain = config.abstain_below.map_or("never".to_string(), |g| g.to_string());
+    let mut s = format!("{} format, first call {}, abstain below {abstain}", config.format, config.first_call);
+    if config.format == DecisionFormat::Native {
+        s += &format!(
+            ", call bias {}, more-calls bias {}, close bias {}, end-list bias {}",
+            b.call, b.more_calls, b.close, b.end_list
+        );
+        // Proposals and the two drop rules act on native decisions only.
+        s += if config.propose_more_calls { ", proposing more calls" } else { "" };
+        s += if config.drop_unstated_options { ", dropping unstated optional arguments" } else { "" };
+        s += if config.drop_unstated_calls { ", dropping unstated later calls" } else { "" };
+    } else {
+        match config.decision.max_thought_chars {
+            0 => s += ", no thought",
+            n => s += &format!(", thought of up to {n} characters"),
+        }
     }
+    if !config.check_arithmetic {
+        s += ", arithmetic unchecked";
+    }
+    s
 }
 
 #[derive(Args)]

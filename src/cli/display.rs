@@ -164,6 +164,7 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
             let verdict = if *kept { "kept" } else { "left out: not a new item of the request" };
             paint("2", format!("   + proposed {} {}: {verdict}", call.tool, call.args))
         }
+        CallRequired { reason, .. } => paint("2", format!("[a tool call is required: {reason}]")),
         FinalAnswer { answer, .. } => paint("1;32", format!("answer: {answer}")),
         RunFailed { reason } => paint("31", format!("stopped: {reason}")),
     };

@@ -61,6 +61,11 @@ impl Model {
         Ok(Self { lm, tokenizer: Arc::new(tokenizer), chat, stop_tokens })
     }
 
+    /// The catalog entry of this file (found by its file name and size), whose settings the agent uses.
+    pub fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
+        crate::catalog::entry_of_file(&self.info().path, self.info().file_bytes)
+    }
+
     /// The tokenizer (shared).
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer

@@ -38,17 +38,14 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
             problem: "not a directory (the file tools' root)".into(),
         });
     }
+    let calculator = ToolSpec::new(
+        "calculator",
+        "Evaluates an arithmetic expression (+ - * / % ^, parentheses, decimals) and returns the exact number. \
+         Use it for every calculation instead of computing in your head.",
+        json!({"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37 * 43 + 12"}}, "required": ["expression"]}),
+    )?;
     let mut tools: Vec<Arc<dyn Tool>> = vec![
-        Arc::new(FnTool::new(
-            ToolSpec::new(
-                "calculator",
-                "Evaluates an arithmetic expression (+ - * / % ^, parentheses, decimals) and returns the exact number. \
-                 Use it for every calculation instead of computing in your head.",
-                json!({"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37 * 43 + 12"}}, "required": ["expression"]}),
-            )?,
-            |args| calculate(args["expression"].as_str().unwrap_or_default()),
-        )
-        .read_only()),
+        Arc::new(Calculator { spec: calculator }),
         Arc::new(FnTool::new(
             ToolSpec::new(
                 "current_time",
@@ -58,43 +55,40 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
             |_| Ok(Value::String(humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string())),
         )),
     ];
-    let (r, max, links_ok) = (root.clone(), opts.max_read_bytes, opts.read_hard_links);
-    tools.push(Arc::new(
-        FnTool::new(
-            ToolSpec::new(
-                "read_file",
-                "Reads a text file under the working directory.",
-                json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
-            )?,
-            move |args| read_file(&r, args["path"].as_str().unwrap_or_default(), max, links_ok),
-        )
-        .read_only(),
-    ));
-    let r = root.clone();
-    tools.push(Arc::new(
-        FnTool::new(
-            ToolSpec::new(
-                "list_dir",
-                "Lists a directory under the working directory (directories end with /).",
-                json!({"type": "object", "properties": {"path": {"type": "string", "description": "default: ."}}}),
-            )?,
-            move |args| list_dir(&r, args["path"].as_str().unwrap_or(".")),
-        )
-        .read_only(),
-    ));
-    let r = root.clone();
-    tools.push(Arc::new(FnTool::new(
+    let file_tool = |kind, spec| FileTool {
+        spec,
+        kind,
+        root: root.clone(),
+        max_read_bytes: opts.max_read_bytes,
+        read_hard_links: opts.read_hard_links,
+        // With a write tool, files may appear mid-run: the paths are left free.
+        narrow: !opts.allow_write,
+    };
+    tools.push(Arc::new(file_tool(
+        FileKind::Read,
+        ToolSpec::new(
+            "read_file",
+            "Reads a text file under the working directory.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        )?,
+    )));
+    tools.push(Arc::new(file_tool(
+        FileKind::List,
+        ToolSpec::new(
+            "list_dir",
+            "Lists a directory under the working directory (directories end with /).",
+            json!({"type": "object", "properties": {"path": {"type": "string", "description": "default: ."}}}),
+        )?,
+    )));
+    tools.push(Arc::new(file_tool(
+        FileKind::Search,
         ToolSpec::new(
             "search_files",
             "Finds the lines that contain a text (any case) in the files under a directory of the working \
              directory; returns `file:line: text` for each.",
             json!({"type": "object", "properties": {"text": {"type": "string"}, "path": {"type": "string", "description": "default: ."}}, "required": ["text"]}),
         )?,
-        move |args| {
-            search_files(&r, args["path"].as_str().unwrap_or("."), args["text"].as_str().unwrap_or_default())
-        },
-    )
-    .read_only()));
+    )));
     if opts.allow_write {
         let r = root;
         tools.push(Arc::new(FnTool::new(
@@ -109,6 +103,213 @@ pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {
         )));
     }
     Ok(tools)
+}
+
+/// The calculator: arithmetic only, and needed when the request itself writes arithmetic.
+struct Calculator {
+    spec: ToolSpec,
+}
+
+impl Tool for Calculator {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
+        calculate(args["expression"].as_str().unwrap_or_default())
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn needed_for(&self, request: &str) -> Option<String> {
+        arithmetic_in(request).map(|a| format!("the request computes with numbers ({a})"))
+    }
+}
+
+/// Arithmetic the request writes: an operator between two numbers (`37 * 43`), or two numbers or more
+/// (`15% of 2340`, `7 books at 12.50`); dates and times (`2024-05-02`, `09:40`) are not numbers here.
+fn arithmetic_in(request: &str) -> Option<String> {
+    static RE: std::sync::OnceLock<(regex::Regex, regex::Regex)> = std::sync::OnceLock::new();
+    let (operator, number) = RE.get_or_init(|| {
+        (
+            regex::Regex::new(r"\d+(?:\.\d+)?(?:\s*[+*/×÷^]\s*|\s+-\s+)\(?\d+(?:\.\d+)?").expect("a valid regex"),
+            regex::Regex::new(r"[\w.:/-]*\d[\w.:/-]*").expect("a valid regex"),
+        )
+    });
+    if let Some(m) = operator.find(request) {
+        return Some(m.as_str().to_string());
+    }
+    let numbers: Vec<&str> = number
+        .find_iter(request)
+        .map(|m| m.as_str().trim_end_matches(['.', ':', '/', '-']))
+        .filter(|w| {
+            // A plain number, maybe with a decimal point: not a date, a time, a version or a word with digits.
+            let digits = w.bytes().filter(u8::is_ascii_digit).count();
+            digits > 0 && w.bytes().all(|b| b.is_ascii_digit() || b == b'.') && w.matches('.').count() <= 1
+        })
+        .collect();
+    (numbers.len() >= 2).then(|| numbers.join(", "))
+}
+
+/// What a file tool does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FileKind {
+    Read,
+    List,
+    Search,
+}
+
+/// `read_file`, `list_dir` or `search_files`, confined to `root`.
+struct FileTool {
+    spec: ToolSpec,
+    kind: FileKind,
+    root: PathBuf,
+    max_read_bytes: usize,
+    read_hard_links: bool,
+    /// Decode paths as one of those that exist ([`Tool::live_parameters`]).
+    narrow: bool,
+}
+
+impl Tool for FileTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
+        let path = args["path"].as_str();
+        match self.kind {
+            FileKind::Read => {
+                read_file(&self.root, path.unwrap_or_default(), self.max_read_bytes, self.read_hard_links)
+            }
+            FileKind::List => list_dir(&self.root, path.unwrap_or(".")),
+            FileKind::Search => {
+                search_files(&self.root, path.unwrap_or("."), args["text"].as_str().unwrap_or_default())
+            }
+        }
+    }
+    fn read_only(&self) -> bool {
+        true
+    }
+    fn live_parameters(&self) -> Option<Value> {
+        if !self.narrow {
+            return None;
+        }
+        let tree = Tree::walk(&self.root)?;
+        let paths: Vec<&String> = match self.kind {
+            FileKind::Read => tree.files.iter().collect(),
+            FileKind::List | FileKind::Search => tree.dirs.iter().collect(),
+        };
+        if paths.is_empty() {
+            return None;
+        }
+        let mut schema = self.spec.parameters.clone();
+        let path = schema.pointer_mut("/properties/path")?.as_object_mut()?;
+        path.insert("enum".into(), json!(paths));
+        Some(schema)
+    }
+    fn needed_for(&self, request: &str) -> Option<String> {
+        // Said once, by read_file, for all three.
+        if self.kind != FileKind::Read {
+            return None;
+        }
+        let tree = Tree::walk(&self.root);
+        path_named_in(request, tree.as_ref())
+    }
+}
+
+/// A bounded look at what is under a root: the regular files' and directories' paths relative to it
+/// (directories with `.` first), hidden entries (a component starting with `.`) and symbolic links left
+/// out. `None` when the tree is bigger than the bound (depth 4, 1,000 entries) or cannot be read.
+struct Tree {
+    files: Vec<String>,
+    dirs: Vec<String>,
+}
+
+impl Tree {
+    const MAX_ENTRIES: usize = 1000;
+    const MAX_DEPTH: usize = 4;
+
+    fn walk(root: &Path) -> Option<Tree> {
+        let (mut files, mut dirs) = (Vec::new(), vec![".".to_string()]);
+        let mut stack = vec![(root.to_path_buf(), 0usize)];
+        let mut seen = 0usize;
+        while let Some((dir, depth)) = stack.pop() {
+            for e in std::fs::read_dir(&dir).ok()?.flatten() {
+                seen += 1;
+                if seen > Self::MAX_ENTRIES {
+                    return None;
+                }
+                let name = e.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with('.') {
+                    continue;
+                }
+                let Ok(t) = e.file_type() else { continue };
+                let Ok(rel) = e.path().strip_prefix(root).map(|p| p.to_string_lossy().into_owned()) else { continue };
+                if t.is_dir() {
+                    dirs.push(rel);
+                    if depth + 1 < Self::MAX_DEPTH {
+                        stack.push((e.path(), depth + 1));
+                    }
+                } else if t.is_file() {
+                    files.push(rel);
+                }
+            }
+        }
+        files.sort();
+        dirs[1..].sort();
+        Some(Tree { files, dirs })
+    }
+}
+
+/// A path the request names: a word that is a path or a file or directory name under the root (any case;
+/// a file's name without its extension counts: "the inventory file"), or that is shaped like a file name
+/// (`settings.ini`, `docs/notes.md`) even where nothing of that name exists (a wrong path still needs a
+/// call to find the right one).
+fn path_named_in(request: &str, tree: Option<&Tree>) -> Option<String> {
+    static WORD: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let word = WORD.get_or_init(|| regex::Regex::new(r"[\w./~-]+").expect("a valid regex"));
+    let shaped = |w: &str| {
+        let has_letter = w.chars().any(|c| c.is_alphabetic());
+        let ext = w.rsplit_once('.').map(|(stem, ext)| (stem, ext.to_ascii_lowercase()));
+        const TEXT: [&str; 16] = [
+            "txt", "md", "csv", "tsv", "json", "ini", "log", "toml", "yaml", "yml", "cfg", "conf", "xml", "html", "py",
+            "rs",
+        ];
+        has_letter
+            && (w.contains('/') && w.len() > 2
+                || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
+    };
+    let names: Vec<(String, &str)> = tree
+        .map(|t| {
+            t.files
+                .iter()
+                .chain(&t.dirs[1..])
+                .flat_map(|p| {
+                    let name = p.rsplit('/').next().unwrap_or(p);
+                    let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
+                    [
+                        (p.to_lowercase(), p.as_str()),
+                        (name.to_lowercase(), p.as_str()),
+                        (stem.to_lowercase(), p.as_str()),
+                    ]
+                })
+                .filter(|(n, _)| n.chars().count() >= 3)
+                .collect()
+        })
+        .unwrap_or_default();
+    for w in word.find_iter(request) {
+        let w = w.as_str().trim_end_matches(['.', '-', '/']).trim_start_matches("./");
+        if w.is_empty() {
+            continue;
+        }
+        let lower = w.to_lowercase();
+        if let Some((_, path)) = names.iter().find(|(n, _)| *n == lower) {
+            return Some(format!("the request names `{path}`"));
+        }
+        if shaped(w) {
+            return Some(format!("the request names a path (`{w}`)"));
+        }
+    }
+    None
 }
 
 /// Arithmetic only: evalexpr on an empty context, so no variables, assignments or user functions.
@@ -264,8 +465,11 @@ fn links(meta: &std::fs::Metadata) -> u64 {
 
 /// Files under `root` that `rel` may have meant: the same file name in another directory, or a name that
 /// differs only in its extension or by a letter or two. A bounded walk (depth 4, 2,000 entries), sorted,
-/// at most 5.
+/// at most 5. Hidden files and folders (`.git`, `.env`, `.ssh`: a name starting with `.`) are never
+/// offered unless `rel` itself names a hidden one.
 fn similar_paths(root: &Path, rel: &str) -> Vec<String> {
+    let hidden_ok =
+        Path::new(rel).components().any(|c| c.as_os_str().to_string_lossy().starts_with('.') && c != Component::CurDir);
     let want = Path::new(rel).file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
     let stem = |n: &str| n.rsplit_once('.').map_or(n, |(s, _)| s).to_string();
     let close = |name: &str| {
@@ -280,6 +484,9 @@ fn similar_paths(root: &Path, rel: &str) -> Vec<String> {
             seen += 1;
             if seen > 2000 {
                 break;
+            }
+            if !hidden_ok && e.file_name().to_string_lossy().starts_with('.') {
+                continue;
             }
             let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
             if is_dir && depth < 4 {

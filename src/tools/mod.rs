@@ -127,6 +127,18 @@ pub trait Tool: Send + Sync {
     fn read_only(&self) -> bool {
         false
     }
+    /// The argument schema to decode calls with now, narrowed by live state (a file tool's paths to those
+    /// that exist under its root), or `None` for the spec's own. A value that cannot work, an invented
+    /// path, then cannot be written. It must accept only arguments the spec accepts. Default: `None`.
+    fn live_parameters(&self) -> Option<Value> {
+        None
+    }
+    /// Why `request` itself says this tool is needed, if it does: it names a path that a file tool can
+    /// reach, it writes arithmetic the calculator evaluates. Under `auto` the first decision then calls a
+    /// tool ([`FirstCall::WhenNeeded`](crate::agent::FirstCall)). Default: `None`.
+    fn needed_for(&self, _request: &str) -> Option<String> {
+        None
+    }
 }
 
 /// A tool from a function definition and a closure.

@@ -32,6 +32,9 @@ impl Agent {
             let failed =
                 matches!(outcome, CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. });
             run.after_error |= failed && self.config.call_after_error && !forced_after_error;
+            if let Some(error) = outcome.error_text() {
+                run.failures.push((call.tool.clone(), error));
+            }
             step.calls.push(CallRecord { call, outcome });
         }
     }
@@ -108,6 +111,7 @@ impl Agent {
         // Repeats are judged on the calls the model made, before interceptors rewrite them.
         let asked = call.clone();
         let (call, outcome) = self.executor.execute(call);
+        let outcome = self.with_alternatives(&call.tool, outcome);
         match &outcome {
             CallOutcome::Blocked { reason } => {
                 self.emit(AgentEvent::ToolCallBlocked { step, call: call.clone(), reason: reason.clone() })
@@ -122,6 +126,36 @@ impl Agent {
         recent.push((asked.clone(), outcome.clone()));
         history.push((asked, outcome.clone()));
         (call, outcome)
+    }
+
+    /// A tool's error with the other tools that may do what it was asked (an MCP server's `read_text_file`
+    /// where the built-in `read_file` refused a path outside its root): tools whose name, without a
+    /// `server.` prefix, has every part of the failed tool's name (`read`, `file`; a part may be longer:
+    /// `dir` → `directory`). At most three.
+    fn with_alternatives(&self, tool: &str, outcome: CallOutcome) -> CallOutcome {
+        let CallOutcome::Error { message } = outcome else { return outcome };
+        let parts = |name: &str| -> Vec<String> {
+            let bare = name.rsplit('.').next().unwrap_or(name);
+            bare.split(['_', '-']).filter(|p| !p.is_empty()).map(str::to_lowercase).collect()
+        };
+        let wanted = parts(tool);
+        let others: Vec<&str> = self
+            .executor
+            .tools()
+            .names()
+            .into_iter()
+            .filter(|n| *n != tool)
+            .filter(|n| {
+                let have = parts(n);
+                wanted.iter().all(|w| have.iter().any(|h| h.starts_with(w.as_str())))
+            })
+            .take(3)
+            .collect();
+        if others.is_empty() {
+            return CallOutcome::Error { message };
+        }
+        let others: Vec<String> = others.iter().map(|n| format!("`{n}`")).collect();
+        CallOutcome::Error { message: format!("{message} (other tools for this: {})", others.join(", ")) }
     }
 
     /// The earlier outcome of `call` when it goes back to a successful call made two or three calls before

@@ -1,0 +1,267 @@
+//! What a person's run does by default, with scripted decisions (no model): the call-or-answer choice
+//! (a call required only where the request itself asks for one), paths decoded from what exists, hidden
+//! files never guessed, an answer that repeats a tool's error refused, a refused built-in pointing to an
+//! equivalent tool, and the catalog's settings applied by the library as by the CLI.
+
+mod common;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use reagent::agent::{
+    Agent, AgentConfig, AgentEvent, Decision, DecisionFormat, Driver, DriverOutput, FirstCall, Profile, ScriptedDriver,
+    StopReason,
+};
+use reagent::catalog::Catalog;
+use reagent::tools::{builtin_tools, BuiltinOptions, FnTool};
+use reagent::ToolSpec;
+use serde_json::{json, Value};
+
+fn call(tool: &str, args: Value) -> String {
+    json!({"thought": "", "type": "call_tool", "tool": tool, "args": args}).to_string()
+}
+
+fn answer(a: &str) -> String {
+    json!({"thought": "", "type": "final_answer", "answer": a}).to_string()
+}
+
+/// A folder like a user's: files, a subfolder, and a hidden git folder with a `config` in it.
+fn folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::create_dir_all(root.join(".git")).unwrap();
+    std::fs::write(root.join("notes.txt"), "The code word is heliotrope.\n").unwrap();
+    std::fs::write(root.join("docs/travel.md"), "Flight at 09:40.\n").unwrap();
+    std::fs::write(root.join(".git/config"), "[core]\nbare = false\n").unwrap();
+    dir
+}
+
+type Events = Arc<Mutex<Vec<AgentEvent>>>;
+
+fn run_in(root: &Path, script: Vec<String>, config: Option<AgentConfig>, task: &str) -> (reagent::Transcript, Events) {
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let tools = builtin_tools(&BuiltinOptions { root: root.to_path_buf(), ..Default::default() }).unwrap();
+    let mut b = Agent::builder()
+        .driver(ScriptedDriver::new(script))
+        .tools(tools)
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()));
+    if let Some(c) = config {
+        b = b.config(c);
+    }
+    let t = b.build().unwrap().run(task).unwrap();
+    (t, events)
+}
+
+fn required(events: &Events) -> Option<String> {
+    events.lock().unwrap().iter().find_map(|e| match e {
+        AgentEvent::CallRequired { reason, .. } => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+/// A plain question is answered at once: nothing in it asks for a tool, so the default first-call policy
+/// leaves the choice to the model (the old default made it invent a path).
+#[test]
+fn a_plain_question_is_answered_without_a_call() {
+    let dir = folder();
+    for task in ["What is the capital of France?", "Hi! Who are you?", "Tell me a short joke about cats."] {
+        let (t, ev) = run_in(dir.path(), vec![answer("Paris")], None, task);
+        assert_eq!(t.final_answer.as_deref(), Some("Paris"), "{task}");
+        assert_eq!((t.steps.len(), t.steps[0].retries), (1, 0), "{task}");
+        assert_eq!(required(&ev), None, "{task}");
+    }
+}
+
+/// A request that names a file (as a path, by its name without extension, or shaped like a file name that
+/// does not exist) or writes arithmetic must call first: an answer from memory is sent back.
+#[test]
+fn a_request_that_names_a_file_or_computes_calls_first() {
+    let dir = folder();
+    let cases = [
+        ("What is the code word in notes.txt?", "notes.txt"),
+        ("What does the travel file say?", "docs/travel.md"),
+        ("Read settings.ini and tell me the port.", "settings.ini"),
+        ("What is in the docs folder?", "docs"),
+        ("What is 37 * 43 + 12?", "37 * 43"),
+        ("How much is 15% of 2340?", "15, 2340"),
+    ];
+    for (task, named) in cases {
+        let script = vec![answer("from memory"), call("current_time", json!({})), answer("done")];
+        let (t, ev) = run_in(dir.path(), script, None, task);
+        let reason = required(&ev).unwrap_or_else(|| panic!("{task}: no call required"));
+        assert!(reason.contains(named), "{task}: {reason}");
+        assert_eq!(t.steps[0].retries, 1, "{task}: the answer from memory was sent back");
+        assert!(matches!(&t.steps[0].decision, Decision::CallTool { .. }), "{task}");
+    }
+    // Dates, times and a single number are not arithmetic; a word that is no file is no path.
+    for task in ["What happened on 2024-05-02 at 09:40?", "Convert 21.5 degrees to Fahrenheit.", "Is the sky blue?"] {
+        let (_, ev) = run_in(dir.path(), vec![answer("ok")], None, task);
+        assert_eq!(required(&ev), None, "{task}");
+    }
+    // `never` and `always` are the two ends.
+    let never = AgentConfig { first_call: FirstCall::Never, ..AgentConfig::default() };
+    let (t, _) = run_in(dir.path(), vec![answer("heliotrope")], Some(never), "What is in notes.txt?");
+    assert_eq!(t.steps[0].retries, 0);
+    let always = AgentConfig { first_call: FirstCall::Always, ..AgentConfig::default() };
+    let (t, _) = run_in(
+        dir.path(),
+        vec![answer("Paris"), call("current_time", json!({})), answer("Paris")],
+        Some(always),
+        "Capital of France?",
+    );
+    assert_eq!(t.steps[0].retries, 1);
+}
+
+/// The file tools' paths are decoded from what exists under the root: an invented path is not a valid
+/// decision, an existing one is; hidden entries are not offered.
+#[test]
+fn paths_are_decoded_from_what_exists() {
+    let dir = folder();
+    let script = vec![
+        call("read_file", json!({"path": "data/capitals.txt"})),
+        call("read_file", json!({"path": ".git/config"})),
+        call("read_file", json!({"path": "notes.txt"})),
+        answer("heliotrope"),
+    ];
+    let (t, _) = run_in(dir.path(), script, None, "What is the code word?");
+    assert_eq!(t.final_answer.as_deref(), Some("heliotrope"));
+    assert_eq!(t.steps[0].retries, 2, "an invented path and a hidden one are sent back");
+    assert_eq!(t.steps[0].calls[0].outcome.observation(), "The code word is heliotrope.\n");
+
+    let tools = builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+    let live = |name: &str| tools.iter().find(|t| t.spec().name == name).unwrap().live_parameters().unwrap();
+    assert_eq!(live("read_file")["properties"]["path"]["enum"], json!(["docs/travel.md", "notes.txt"]));
+    assert_eq!(live("list_dir")["properties"]["path"]["enum"], json!([".", "docs"]));
+    assert_eq!(live("search_files")["required"], json!(["text"]), "the rest of the schema is kept");
+    // With a write tool, files may appear mid-run: paths stay free.
+    let writing =
+        builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), allow_write: true, ..Default::default() })
+            .unwrap();
+    assert!(writing.iter().all(|t| t.live_parameters().is_none()));
+}
+
+/// The similar-name fallback of `read_file` never reads a hidden file or folder unless the model named one:
+/// "config" is not taken to mean `.git/config`.
+#[test]
+fn the_similar_name_fallback_skips_hidden_files() {
+    let dir = folder();
+    let tools = builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+    let read = tools.iter().find(|t| t.spec().name == "read_file").unwrap();
+    let err = read.call(&json!({"path": "config"})).unwrap_err().0;
+    assert!(err.contains("no such file") && !err.contains(".git"), "{err}");
+    let named = read.call(&json!({"path": ".git/confg"})).unwrap();
+    assert!(named.as_str().unwrap().contains("this is .git/config"), "{named}");
+}
+
+/// An answer that repeats a failed call's error is sent back; when every attempt does, the run ends
+/// without an answer and says what failed.
+#[test]
+fn an_answer_is_never_a_tools_error() {
+    let dir = folder();
+    let config = AgentConfig { first_call: FirstCall::Never, max_retries: 1, ..AgentConfig::default() };
+    let calc_error = "only numbers and + - * / % ^ ( ) are allowed, found `=`";
+    // The error copied, then an answer of its own: the second is kept.
+    let script = vec![
+        call("calculator", json!({"expression": "2 + 2 = 4"})),
+        answer(&format!("Error: {calc_error}")),
+        answer("Why do cats sit on keyboards? To keep an eye on the mouse."),
+    ];
+    let (t, ev) = run_in(dir.path(), script, Some(config.clone()), "Tell me a short joke about cats.");
+    assert!(t.final_answer.as_deref().unwrap().contains("mouse"));
+    assert_eq!(t.steps[1].retries, 1);
+    let rejected = ev.lock().unwrap().iter().any(
+        |e| matches!(e, AgentEvent::ValidationFailed { error, .. } if error.contains("repeats the error of `calculator`")),
+    );
+    assert!(rejected);
+    // Copied on every attempt: no answer, and the reason names the tool and its error.
+    let script = vec![call("calculator", json!({"expression": "2 + 2 = 4"})), answer(calc_error), answer(calc_error)];
+    let (t, _) = run_in(dir.path(), script, Some(config), "Tell me a short joke about cats.");
+    assert_eq!(t.final_answer, None);
+    assert!(
+        matches!(&t.stop_reason, StopReason::ToolFailed { tool, error } if tool == "calculator" && error.contains("found `=`"))
+    );
+    assert!(t.stop_reason.to_string().starts_with("no answer: `calculator` failed:"), "{}", t.stop_reason);
+}
+
+/// A built-in refusing a call names the other tools of the set that may do it (an MCP server's
+/// `read_text_file` beside the built-in `read_file`), so the next decision can use them.
+#[test]
+fn a_refused_call_names_the_equivalent_tools() {
+    let dir = folder();
+    // With write_file offered, paths are not narrowed to those that exist: an outside path can be written.
+    let opts = BuiltinOptions { root: dir.path().to_path_buf(), allow_write: true, ..Default::default() };
+    let mut tools = builtin_tools(&opts).unwrap();
+    for name in ["filesystem.read_text_file", "filesystem.list_directory", "filesystem.move_file"] {
+        let spec = ToolSpec::new(name, "a server's tool", json!({"type": "object", "properties": {}})).unwrap();
+        tools.push(Arc::new(FnTool::new(spec, |_| Ok(json!("ok")))));
+    }
+    let config = AgentConfig { first_call: FirstCall::Never, ..AgentConfig::default() };
+    let script = vec![call("read_file", json!({"path": "/etc/hostname"})), answer("done")];
+    let mut agent = Agent::builder().driver(ScriptedDriver::new(script)).tools(tools).config(config).build().unwrap();
+    let t = agent.run("What is in /etc/hostname?").unwrap();
+    let obs = t.steps[0].calls[0].outcome.observation();
+    assert!(obs.contains("outside") && obs.contains("`filesystem.read_text_file`"), "{obs}");
+    assert!(!obs.contains("list_directory") && !obs.contains("move_file"), "{obs}");
+}
+
+/// A driver that says which catalog model it runs (as a `ModelDriver` does from its file).
+struct CatalogDriver(ScriptedDriver, &'static str);
+
+impl Driver for CatalogDriver {
+    fn name(&self) -> &'static str {
+        "catalog"
+    }
+    fn decide(&mut self, req: &reagent::agent::DecisionRequest<'_>) -> reagent::Result<DriverOutput> {
+        self.0.decide(req)
+    }
+    fn supports_native(&self) -> bool {
+        true
+    }
+    fn catalog_entry(&self) -> Option<reagent::catalog::CatalogEntry> {
+        Catalog::builtin().get(self.1).cloned()
+    }
+}
+
+/// The library takes a catalog model's settings as the CLI does: runs by the run profile, single decisions
+/// by the single-decision profile; an explicit configuration is used as it is.
+#[test]
+fn the_library_applies_the_catalogs_settings() {
+    let build = |profile: Option<Profile>| {
+        let mut b =
+            Agent::builder().driver(CatalogDriver(ScriptedDriver::new(Vec::<String>::new()), "qwen2.5-coder-0.5b"));
+        if let Some(p) = profile {
+            b = b.profile(p);
+        }
+        b.max_steps(5).build().unwrap()
+    };
+    let run = build(None);
+    assert_eq!(run.config().format, DecisionFormat::React);
+    assert_eq!(run.config().decision.max_thought_chars, 0);
+    assert_eq!(run.config().abstain_below, None, "no abstention by word overlap in runs");
+    assert_eq!(run.config().first_call, FirstCall::WhenNeeded);
+    assert_eq!(run.config().max_steps, 5, "the builder's own settings are kept");
+    let entry = Catalog::builtin().get("qwen2.5-coder-0.5b").cloned();
+    let same = AgentConfig::for_model(entry.as_ref(), Profile::Run, true).unwrap();
+    assert_eq!((same.format, same.decision.max_thought_chars), (run.config().format, 0));
+
+    let single = build(Some(Profile::SingleDecision));
+    assert_eq!(single.config().format, DecisionFormat::Native);
+    assert_eq!(single.config().abstain_below, Some(0.65));
+    assert!(single.config().propose_more_calls);
+
+    let explicit = Agent::builder()
+        .driver(CatalogDriver(ScriptedDriver::new(Vec::<String>::new()), "qwen2.5-coder-0.5b"))
+        .config(AgentConfig::default())
+        .build()
+        .unwrap();
+    assert_eq!(explicit.config().decision.max_thought_chars, AgentConfig::default().decision.max_thought_chars);
+
+    // A real catalog file is recognised by its name and size, however it was found.
+    let path = common::real_model_path("smollm2-135m");
+    let model = reagent::Model::load(&path, &Default::default()).unwrap();
+    assert_eq!(model.catalog_entry().map(|e| e.name), Some("smollm2-135m".to_string()));
+    let tiny = common::tiny_model(reagent::model::Arch::Llama);
+    assert!(tiny.catalog_entry().is_none());
+}
