@@ -607,4 +607,14 @@ impl Tool for Rebound {
     fn read_only(&self) -> bool {
         self.inner.read_only()
     }
+    fn live_parameters(&self) -> Option<Value> {
+        // Under the task's description of the tool only where it names the same parameters.
+        let live = self.inner.live_parameters()?;
+        (live.get("properties").map(|p| p.as_object().map(|o| o.keys().collect::<Vec<_>>()))
+            == self.spec.parameters.get("properties").map(|p| p.as_object().map(|o| o.keys().collect::<Vec<_>>())))
+        .then_some(live)
+    }
+    fn needed_for(&self, request: &str, done: &[crate::tools::Done]) -> Option<crate::tools::Need> {
+        self.inner.needed_for(request, done)
+    }
 }

@@ -75,26 +75,32 @@ fn a_plain_question_is_answered_without_a_call() {
 }
 
 /// A request that names a file (as a path, by its name without extension, or shaped like a file name that
-/// does not exist) or writes arithmetic must call first: an answer from memory is sent back.
+/// does not exist) or writes arithmetic must call first, and where it names what to read, that call: an
+/// answer from memory, or another call, is sent back.
 #[test]
 fn a_request_that_names_a_file_or_computes_calls_first() {
     let dir = folder();
     let cases = [
-        ("What is the code word in notes.txt?", "notes.txt"),
-        ("What does the travel file say?", "docs/travel.md"),
-        ("Read settings.ini and tell me the port.", "settings.ini"),
-        ("What is in the docs folder?", "docs"),
-        ("What is 37 * 43 + 12?", "37 * 43"),
-        ("How much is 15% of 2340?", "15, 2340"),
+        ("What is the code word in notes.txt?", "notes.txt", call("read_file", json!({"path": "notes.txt"}))),
+        ("What does the travel file say?", "docs/travel.md", call("read_file", json!({"path": "docs/travel.md"}))),
+        ("Read settings.ini and tell me the port.", "settings.ini", call("current_time", json!({}))),
+        ("What is in the docs folder?", "docs", call("list_dir", json!({"path": "docs"}))),
+        ("What is 37 * 43 + 12?", "37 * 43", call("calculator", json!({"expression": "37 * 43 + 12"}))),
+        ("How much is 15% of 2340?", "15, 2340", call("calculator", json!({"expression": "15% * 2340"}))),
     ];
-    for (task, named) in cases {
-        let script = vec![answer("from memory"), call("current_time", json!({})), answer("done")];
+    for (task, named, needed) in cases {
+        let script = vec![answer("from memory"), needed, answer("done")];
         let (t, ev) = run_in(dir.path(), script, None, task);
         let reason = required(&ev).unwrap_or_else(|| panic!("{task}: no call required"));
         assert!(reason.contains(named), "{task}: {reason}");
         assert_eq!(t.steps[0].retries, 1, "{task}: the answer from memory was sent back");
         assert!(matches!(&t.steps[0].decision, Decision::CallTool { .. }), "{task}");
+        assert_eq!(t.final_answer.as_deref(), Some("done"), "{task}");
     }
+    // Where the request names the file, another call does not do.
+    let script = vec![call("current_time", json!({})), call("read_file", json!({"path": "notes.txt"})), answer("x")];
+    let (t, _) = run_in(dir.path(), script, None, "What is the code word in notes.txt?");
+    assert_eq!((t.steps[0].retries, t.steps.len()), (1, 2));
     // Dates, times and a single number are not arithmetic; a word that is no file is no path.
     for task in ["What happened on 2024-05-02 at 09:40?", "Convert 21.5 degrees to Fahrenheit.", "Is the sky blue?"] {
         let (_, ev) = run_in(dir.path(), vec![answer("ok")], None, task);
@@ -105,13 +111,53 @@ fn a_request_that_names_a_file_or_computes_calls_first() {
     let (t, _) = run_in(dir.path(), vec![answer("heliotrope")], Some(never), "What is in notes.txt?");
     assert_eq!(t.steps[0].retries, 0);
     let always = AgentConfig { first_call: FirstCall::Always, ..AgentConfig::default() };
-    let (t, _) = run_in(
-        dir.path(),
-        vec![answer("Paris"), call("current_time", json!({})), answer("Paris")],
-        Some(always),
-        "Capital of France?",
-    );
+    let script = vec![answer("Paris"), call("current_time", json!({})), answer("Paris")];
+    let (t, _) = run_in(dir.path(), script, Some(always), "Capital of France?");
     assert_eq!(t.steps[0].retries, 1);
+}
+
+/// A question about two files is not answered from one: an answer before the second file is read is sent
+/// back once, to read it (no words about it: small models copy them into the answer).
+#[test]
+fn an_answer_before_every_named_file_is_read_is_sent_back_once() {
+    let dir = folder();
+    let task = "Who wrote docs/travel.md, and what is the code word in notes.txt?";
+    let script = vec![
+        call("read_file", json!({"path": "docs/travel.md"})),
+        answer("Flight at 09:40."),
+        call("read_file", json!({"path": "notes.txt"})),
+        answer("09:40 and heliotrope"),
+    ];
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let driver = ScriptedDriver::new(script);
+    let log = driver.log();
+    let tools = builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+    let mut agent = Agent::builder()
+        .driver(driver)
+        .tools(tools)
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = agent.run(task).unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("09:40 and heliotrope"));
+    assert_eq!(t.steps.len(), 3);
+    assert_eq!(t.steps[1].retries, 1);
+    let early = events.lock().unwrap().iter().any(|e| {
+        matches!(e, AgentEvent::ValidationFailed { error, .. } if error == "answered too early: the request names `notes.txt`")
+    });
+    assert!(early);
+    let log = log.lock().unwrap();
+    assert_eq!(log[1].len(), log[2].len(), "the retry sees the same conversation, with no note added");
+    // Once a run: an answer after the next call stands even if something named is still unread.
+    let script = vec![
+        call("read_file", json!({"path": "docs/travel.md"})),
+        answer("early"),
+        call("current_time", json!({})),
+        answer("still early"),
+    ];
+    let (t, _) = run_in(dir.path(), script, None, task);
+    assert_eq!(t.final_answer.as_deref(), Some("still early"));
 }
 
 /// The file tools' paths are decoded from what exists under the root: an invented path is not a valid
@@ -155,34 +201,64 @@ fn the_similar_name_fallback_skips_hidden_files() {
     assert!(named.as_str().unwrap().contains("this is .git/config"), "{named}");
 }
 
-/// An answer that repeats a failed call's error is sent back; when every attempt does, the run ends
+/// An answer that repeats a failed call's error is sent back, to call again (another tool or path), with
+/// no words about it; where the step must answer and every attempt repeats the error, the run ends
 /// without an answer and says what failed.
 #[test]
 fn an_answer_is_never_a_tools_error() {
     let dir = folder();
-    let config = AgentConfig { first_call: FirstCall::Never, max_retries: 1, ..AgentConfig::default() };
+    let config = AgentConfig { first_call: FirstCall::Never, ..AgentConfig::default() };
     let calc_error = "only numbers and + - * / % ^ ( ) are allowed, found `=`";
-    // The error copied, then an answer of its own: the second is kept.
     let script = vec![
         call("calculator", json!({"expression": "2 + 2 = 4"})),
         answer(&format!("Error: {calc_error}")),
+        call("current_time", json!({})),
         answer("Why do cats sit on keyboards? To keep an eye on the mouse."),
     ];
     let (t, ev) = run_in(dir.path(), script, Some(config.clone()), "Tell me a short joke about cats.");
     assert!(t.final_answer.as_deref().unwrap().contains("mouse"));
     assert_eq!(t.steps[1].retries, 1);
+    assert!(matches!(&t.steps[1].decision, Decision::CallTool { tool, .. } if tool == "current_time"));
     let rejected = ev.lock().unwrap().iter().any(
         |e| matches!(e, AgentEvent::ValidationFailed { error, .. } if error.contains("repeats the error of `calculator`")),
     );
     assert!(rejected);
-    // Copied on every attempt: no answer, and the reason names the tool and its error.
-    let script = vec![call("calculator", json!({"expression": "2 + 2 = 4"})), answer(calc_error), answer(calc_error)];
+    // No attempt left: no answer, and the reason names the tool and its error.
+    let config = AgentConfig { max_retries: 0, ..config };
+    let script = vec![call("calculator", json!({"expression": "2 + 2 = 4"})), answer(calc_error)];
     let (t, _) = run_in(dir.path(), script, Some(config), "Tell me a short joke about cats.");
     assert_eq!(t.final_answer, None);
-    assert!(
-        matches!(&t.stop_reason, StopReason::ToolFailed { tool, error } if tool == "calculator" && error.contains("found `=`"))
+    let failed = &t.stop_reason;
+    assert!(matches!(failed, StopReason::ToolFailed { tool, error } if tool == "calculator" && error.contains("`=`")));
+    assert!(failed.to_string().starts_with("no answer: `calculator` failed:"), "{failed}");
+}
+
+/// Abstention by grounding turns a first call made of values the user never wrote into an answer, unless
+/// the user named the tool: a value derived from the request (the capital of Japan) is kept.
+#[test]
+fn a_call_with_derived_values_is_kept() {
+    let weather = ToolSpec::new(
+        "get_weather",
+        "Current weather in a city.",
+        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    )
+    .unwrap();
+    let config = AgentConfig { abstain_below: Some(0.65), ..AgentConfig::default() };
+    let run = |task: &str, script: Vec<String>| {
+        let tool = FnTool::new(weather.clone(), |a: &Value| Ok(json!(format!("{}: rain", a["city"]))));
+        let mut agent =
+            Agent::builder().driver(ScriptedDriver::new(script)).tool(tool).config(config.clone()).build().unwrap();
+        agent.run(task).unwrap()
+    };
+    let t = run(
+        "What's the weather like in the capital of Japan?",
+        vec![call("get_weather", json!({"city": "Tokyo"})), answer("rain")],
     );
-    assert!(t.stop_reason.to_string().starts_with("no answer: `calculator` failed:"), "{}", t.stop_reason);
+    assert_eq!((t.steps[0].calls.len(), t.final_answer.as_deref()), (1, Some("rain")));
+    let t =
+        run("Translate 'thank you' into French.", vec![call("get_weather", json!({"city": "Paris"})), answer("merci")]);
+    assert!(t.steps[0].calls.is_empty(), "a guess at a tool nobody named");
+    assert_eq!(t.final_answer.as_deref(), Some("merci"));
 }
 
 /// A built-in refusing a call names the other tools of the set that may do it (an MCP server's
@@ -239,7 +315,7 @@ fn the_library_applies_the_catalogs_settings() {
     let run = build(None);
     assert_eq!(run.config().format, DecisionFormat::React);
     assert_eq!(run.config().decision.max_thought_chars, 0);
-    assert_eq!(run.config().abstain_below, None, "no abstention by word overlap in runs");
+    assert_eq!(run.config().abstain_below, Some(0.65));
     assert_eq!(run.config().first_call, FirstCall::WhenNeeded);
     assert_eq!(run.config().max_steps, 5, "the builder's own settings are kept");
     let entry = Catalog::builtin().get("qwen2.5-coder-0.5b").cloned();

@@ -13,7 +13,7 @@ use super::{arithmetic, native, Agent, AgentConfig};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
-use crate::tools::{CallOutcome, ToolCall, ToolSpec};
+use crate::tools::{CallOutcome, Need, ToolCall, ToolSpec};
 
 mod calls;
 
@@ -48,19 +48,35 @@ struct RunState {
     /// The equations already sent back as arithmetic slips: each is sent back once a run, so a model that
     /// writes it again (or a slip that is none) cannot keep a run from answering.
     flagged_slips: Vec<String>,
-    /// The first decision must call a tool ([`AgentConfig::first_call`]).
+    /// The first decision must call a tool ([`AgentConfig::first_call`]), and which calls where the
+    /// request says ([`Need`]).
     first_call_required: bool,
+    first_need: Option<Need>,
     /// Each failed call's tool and error text: an answer that repeats one is not an answer.
     failures: Vec<(String, String)>,
+    /// The last user message.
+    task: String,
+    /// What the request still needed when an answer was sent back for it ([`Checks::pending`]): each
+    /// once a run.
+    pending_raised: Vec<String>,
 }
 
-/// How a step's attempts check the arithmetic a decision writes ([`AgentConfig::check_arithmetic`]).
-struct SlipCheck<'a> {
-    /// The grammar of the attempt after a slip: calls only, where the settings have one (a small model
-    /// told the right sum still writes its own, but computes it when made to call).
-    grammar: Option<&'a StepGrammar>,
-    /// The run's [`RunState::flagged_slips`].
-    flagged: &'a mut Vec<String>,
+/// What a step's attempts check beyond validity, and how they retry.
+struct Checks<'a> {
+    /// The grammar of the attempt after an arithmetic slip or an answer that repeats an error: calls only
+    /// (under `auto`: a small model told the right sum still writes its own, but computes it when made to
+    /// call; one that answered with an error tries another call).
+    call_only: Option<&'a StepGrammar>,
+    /// The run's [`RunState::flagged_slips`], where the arithmetic is checked
+    /// ([`AgentConfig::check_arithmetic`]).
+    slips: Option<&'a mut Vec<String>>,
+    /// The run's [`RunState::failures`].
+    failures: &'a [(String, String)],
+    /// What the request still needs a tool for, not yet raised this run ([`Tool::needed_for`]
+    /// (crate::tools::Tool::needed_for)), with the grammar of the calls that meet it: an answer is then
+    /// sent back to make one of them (once), and the reason noted in `raised`.
+    pending: Option<(String, Option<StepGrammar>)>,
+    raised: &'a mut Vec<String>,
 }
 
 /// The grammars a step chooses from.
@@ -123,7 +139,8 @@ impl Agent {
         let mut messages = self.opening_messages(conversation, &specs);
         let names = specs.iter().map(|s| s.name.clone()).collect();
         self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
-        let mut run = RunState { first_call_required: self.first_call_required(&task), ..RunState::default() };
+        let (first_call_required, first_need) = self.first_call_required(&task);
+        let mut run = RunState { first_call_required, first_need, task: task.clone(), ..RunState::default() };
         let stop = loop {
             if crate::limits::interrupted() {
                 break StopReason::Interrupted;
@@ -173,25 +190,53 @@ impl Agent {
         specs
     }
 
-    /// Whether the first decision must call ([`AgentConfig::first_call`]); a call the request itself asks
-    /// for is announced as an event.
-    fn first_call_required(&mut self, task: &str) -> bool {
+    /// The first reason a tool gives, after the run's successful calls, why the request still needs it
+    /// ([`Tool::needed_for`](crate::tools::Tool::needed_for)), that was not raised before.
+    fn still_needed(&self, run: &RunState) -> Option<Need> {
+        if run.steps.is_empty() || self.config.first_call == super::FirstCall::Never {
+            return None;
+        }
+        let outputs: Vec<(&ToolCall, String)> =
+            run.history.iter().filter(|(_, o)| o.is_ok()).map(|(c, o)| (c, o.observation())).collect();
+        let done: Vec<crate::tools::Done> =
+            outputs.iter().map(|(call, output)| crate::tools::Done { call, output }).collect();
+        self.needs(&run.task, &done).into_iter().find(|n| !run.pending_raised.contains(&n.reason))
+    }
+
+    /// What the tools say `task` still needs after `done`, in the order the request names them.
+    fn needs(&self, task: &str, done: &[crate::tools::Done]) -> Vec<Need> {
+        let tools = self.executor.tools();
+        let mut needs: Vec<Need> =
+            tools.names().into_iter().filter_map(|name| tools.get(name)?.needed_for(task, done)).collect();
+        needs.sort_by_key(|n| n.at);
+        needs
+    }
+
+    /// The grammar of the calls that meet `need` (calls only), where it names them and they compile.
+    fn need_grammar(&self, need: &Need) -> Option<StepGrammar> {
+        if need.calls.is_empty() {
+            return None;
+        }
+        let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config).ok()?;
+        self.driver.check_grammar(&g.grammar).ok()?;
+        Some(g)
+    }
+
+    /// Whether the first decision must call ([`AgentConfig::first_call`]), and what the request needs
+    /// where it says; a call the request itself asks for is announced as an event.
+    fn first_call_required(&mut self, task: &str) -> (bool, Option<Need>) {
         use super::FirstCall;
         if self.config.tool_choice != ToolChoice::Auto || self.executor.tools().is_empty() {
-            return false;
+            return (false, None);
         }
         match self.config.first_call {
-            FirstCall::Never => false,
-            FirstCall::Always => true,
+            FirstCall::Never => (false, None),
+            FirstCall::Always => (true, None),
             FirstCall::WhenNeeded => {
-                let names: Vec<String> = self.executor.tools().names().iter().map(|n| n.to_string()).collect();
-                let needed = names.into_iter().find_map(|name| {
-                    let reason = self.executor.tools().get(&name)?.needed_for(task)?;
-                    Some((name, reason))
-                });
-                let Some((tool, reason)) = needed else { return false };
-                self.emit(AgentEvent::CallRequired { step: 1, tool, reason });
-                true
+                let Some(need) = self.needs(task, &[]).into_iter().next() else { return (false, None) };
+                let tool = need.calls.first().map(|c| c.name.clone()).unwrap_or_default();
+                self.emit(AgentEvent::CallRequired { step: 1, tool, reason: need.reason.clone() });
+                (true, Some(need))
             }
         }
     }
@@ -232,13 +277,28 @@ impl Agent {
     ) -> Result<Option<StopReason>> {
         let step_no = run.steps.len() + 1;
         let forced_call = (run.steps.is_empty() && run.first_call_required) || run.after_error;
-        let grammar = grammars.pick(forced_call, run.force_answer);
+        // The first step's calls, where the request named what they must be (a file to read).
+        let first = run.first_need.take().filter(|_| run.steps.is_empty() && !run.force_answer);
+        let first_grammar = first.as_ref().and_then(|n| self.need_grammar(n));
+        let grammar = match &first_grammar {
+            Some(g) => g,
+            None => grammars.pick(forced_call, run.force_answer),
+        };
         let forced_after_error = std::mem::take(&mut run.after_error);
         // A step that must answer is not asked to call after a slip.
-        let slips = (self.config.check_arithmetic && !run.force_answer)
-            .then_some(SlipCheck { grammar: grammars.call_only.as_ref(), flagged: &mut run.flagged_slips });
-        let failures = &run.failures;
-        let mut decided = match self.attempt(step_no, messages, grammar, slips, failures, tools, &mut run.stats)? {
+        let call_only = grammars.call_only.as_ref().filter(|_| !run.force_answer);
+        let pending = call_only.and_then(|_| self.still_needed(run)).map(|n| {
+            let g = self.need_grammar(&n);
+            (n.reason, g)
+        });
+        let checks = Checks {
+            call_only,
+            slips: (self.config.check_arithmetic && !run.force_answer).then_some(&mut run.flagged_slips),
+            failures: &run.failures,
+            pending,
+            raised: &mut run.pending_raised,
+        };
+        let mut decided = match self.attempt(step_no, messages, grammar, checks, tools, &mut run.stats)? {
             Attempt::Decided(d) => d,
             Attempt::Stop(s) => return Ok(Some(s)),
         };
@@ -254,20 +314,19 @@ impl Agent {
                 },
                 _ => None,
             };
-        if let (Some(g), Some(threshold)) = (grounding, self.config.abstain_below) {
+        // A tool the user named is not a guess: its values are derived, not made up.
+        let named = |call: &ToolCall| {
+            self.executor.tools().get(&call.tool).is_some_and(|t| evidence.names_tool(&call.tool, &t.spec().parameters))
+        };
+        let named = decided.decision.calls().first().is_some_and(named);
+        if let (Some(g), Some(threshold), false) = (grounding, self.config.abstain_below, named) {
             if g < threshold {
                 let calls = decided.decision.calls();
                 self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold });
                 self.driver.rollback();
-                match self.attempt(
-                    step_no,
-                    messages,
-                    &grammars.answer_only,
-                    None,
-                    &run.failures,
-                    tools,
-                    &mut run.stats,
-                )? {
+                let raised = &mut run.pending_raised;
+                let checks = Checks { call_only: None, slips: None, failures: &run.failures, pending: None, raised };
+                match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
                     Attempt::Decided(answer) => decided = merge_redecided(decided, answer),
                     Attempt::Stop(s) => return Ok(Some(s)),
                 }
@@ -371,29 +430,31 @@ impl Agent {
     }
 
     /// Gets one valid decision, retrying extraction and validation failures with the error fed back. An
-    /// answer that repeats the error of a failed call (`failures`) is sent back too; on the last attempt
+    /// answer that repeats the error of a failed call ([`Checks::failures`]) is retried too, as a call and
+    /// with no words about it (small models copy what they are told into the answer); on the last attempt
     /// the run stops, saying what failed.
-    #[allow(clippy::too_many_arguments)]
     fn attempt(
         &mut self,
         step: usize,
         messages: &mut [ChatMessage],
         schema: &StepGrammar,
-        mut slips: Option<SlipCheck>,
-        failures: &[(String, String)],
+        mut checks: Checks,
         tools: Option<&Value>,
         stats: &mut RunStats,
     ) -> Result<Attempt> {
         let mut feedback: Option<String> = None;
         let mut last_error = String::new();
-        // After an arithmetic slip the retry calls a tool where the settings have a call-only grammar
-        // (`SlipCheck::grammar`), and decodes as the first attempt did (greedy stays greedy).
-        let mut after_slip = false;
+        // After an arithmetic slip the retry calls a tool where there is a call-only grammar, and decodes
+        // as the first attempt did (greedy stays greedy); after a copied error it calls too, and after an
+        // answer given too early it makes one of the calls the request still needs.
+        let (mut after_slip, mut after_copy, mut too_early) = (false, false, false);
         for attempt in 0..=self.config.max_retries {
             self.emit(AgentEvent::StepStarted { step, attempt });
             // The failed output is not kept; the retry sees the conversation plus what was wrong.
-            let step_grammar = match (after_slip, slips.as_ref().and_then(|s| s.grammar)) {
-                (true, Some(g)) => g,
+            let needed = checks.pending.as_ref().and_then(|(_, g)| g.as_ref());
+            let step_grammar = match (too_early, needed, after_slip || after_copy || too_early, checks.call_only) {
+                (true, Some(g), _, _) => g,
+                (_, _, true, Some(g)) => g,
                 _ => schema,
             };
             let mut request_messages = messages.to_vec();
@@ -426,27 +487,41 @@ impl Agent {
                 return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
             }
             let last = attempt >= self.config.max_retries;
-            let checked = self.check(&out, step_grammar).and_then(|d| match slips.as_mut() {
+            let checked = self.check(&out, step_grammar).and_then(|d| match checks.slips.as_deref_mut() {
                 // The last attempt's answer stands as it is, and so does one cut off by the token limit (its
                 // last number may be cut).
-                Some(check) if !last && out.complete => match arithmetic_slips(&d, messages, check.flagged) {
+                Some(flagged) if !last && out.complete => match arithmetic_slips(&d, messages, flagged) {
                     Some(failure) => Err(failure),
                     None => Ok(d),
                 },
                 _ => Ok(d),
             });
-            let checked = match checked.map(|d| (copied_failure(&d, failures), d)) {
+            // An answer while the request still needs a tool (a second file not yet read): call instead.
+            too_early = false;
+            let checked = match (checked, checks.pending.as_ref()) {
+                (Ok(d @ Decision::FinalAnswer { .. }), Some((reason, _)))
+                    if !last && !checks.raised.contains(reason) =>
+                {
+                    checks.raised.push(reason.clone());
+                    too_early = true;
+                    let error = format!("answered too early: {reason}");
+                    Err(Failure::CopiedError(error, serde_json::to_value(&d).unwrap_or(Value::Null)))
+                }
+                (c, _) => c,
+            };
+            let checked = match checked.map(|d| (copied_failure(&d, checks.failures), d)) {
                 Ok((Some((tool, error)), _)) if last => {
                     return Ok(Attempt::Stop(StopReason::ToolFailed { tool: tool.clone(), error: error.clone() }))
                 }
-                Ok((Some((tool, _)), d)) => Err(Failure::Validation(
-                    format!("the answer repeats the error of `{tool}` instead of answering the task"),
+                Ok((Some((tool, _)), d)) => Err(Failure::CopiedError(
+                    format!("the answer repeats the error of `{tool}`"),
                     serde_json::to_value(&d).unwrap_or(Value::Null),
                 )),
                 Ok((None, d)) => Ok(d),
                 Err(e) => Err(e),
             };
             after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
+            after_copy = matches!(checked, Err(Failure::CopiedError(..)));
             let error = match checked {
                 Ok(decision) => {
                     let (decision, cut) = decision.until_repeated_call();
@@ -457,7 +532,7 @@ impl Agent {
             };
             stats.retries += 1;
             self.driver.rollback();
-            feedback = Some(match self.config.format {
+            feedback = (!after_copy).then(|| match self.config.format {
                 DecisionFormat::React => format!(
                     "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
                 ),
@@ -482,7 +557,9 @@ impl Agent {
                 });
                 error
             }
-            Failure::Validation(error, decision) | Failure::Arithmetic(error, decision) => {
+            Failure::Validation(error, decision)
+            | Failure::Arithmetic(error, decision)
+            | Failure::CopiedError(error, decision) => {
                 self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
                 error
             }
@@ -655,6 +732,8 @@ enum Failure {
     Validation(String, Value),
     /// A valid decision whose answer or thought writes wrong arithmetic (reported as a validation failure).
     Arithmetic(String, Value),
+    /// An answer that repeats a failed call's error (reported as a validation failure).
+    CopiedError(String, Value),
 }
 
 /// A decision whose answer or thought writes wrong arithmetic ([`arithmetic::slips`]), as a failure that

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{FnTool, Tool, ToolError, ToolSpec};
+use super::{Done, FnTool, Need, Tool, ToolError, ToolSpec};
 use crate::error::{Error, Result};
 
 /// Which built-ins to create, and where the file tools may look.
@@ -120,14 +120,19 @@ impl Tool for Calculator {
     fn read_only(&self) -> bool {
         true
     }
-    fn needed_for(&self, request: &str) -> Option<String> {
-        arithmetic_in(request).map(|a| format!("the request computes with numbers ({a})"))
+    fn needed_for(&self, request: &str, done: &[Done]) -> Option<Need> {
+        if done.iter().any(|d| d.call.tool == self.spec.name) {
+            return None;
+        }
+        let (at, a) = arithmetic_in(request)?;
+        Some(Need { reason: format!("the request computes with numbers ({a})"), at, calls: vec![self.spec.clone()] })
     }
 }
 
-/// Arithmetic the request writes: an operator between two numbers (`37 * 43`), or two numbers or more
-/// (`15% of 2340`, `7 books at 12.50`); dates and times (`2024-05-02`, `09:40`) are not numbers here.
-fn arithmetic_in(request: &str) -> Option<String> {
+/// Arithmetic the request writes, with where it starts: an operator between two numbers (`37 * 43`), or
+/// two numbers or more (`15% of 2340`, `7 books at 12.50`); dates and times (`2024-05-02`, `09:40`) are not
+/// numbers here.
+fn arithmetic_in(request: &str) -> Option<(usize, String)> {
     static RE: std::sync::OnceLock<(regex::Regex, regex::Regex)> = std::sync::OnceLock::new();
     let (operator, number) = RE.get_or_init(|| {
         (
@@ -136,18 +141,19 @@ fn arithmetic_in(request: &str) -> Option<String> {
         )
     });
     if let Some(m) = operator.find(request) {
-        return Some(m.as_str().to_string());
+        return Some((m.start(), m.as_str().to_string()));
     }
-    let numbers: Vec<&str> = number
+    let numbers: Vec<(usize, &str)> = number
         .find_iter(request)
-        .map(|m| m.as_str().trim_end_matches(['.', ':', '/', '-']))
-        .filter(|w| {
+        .map(|m| (m.start(), m.as_str().trim_end_matches(['.', ':', '/', '-'])))
+        .filter(|(_, w)| {
             // A plain number, maybe with a decimal point: not a date, a time, a version or a word with digits.
             let digits = w.bytes().filter(u8::is_ascii_digit).count();
             digits > 0 && w.bytes().all(|b| b.is_ascii_digit() || b == b'.') && w.matches('.').count() <= 1
         })
         .collect();
-    (numbers.len() >= 2).then(|| numbers.join(", "))
+    let at = numbers.first()?.0;
+    (numbers.len() >= 2).then(|| (at, numbers.iter().map(|(_, w)| *w).collect::<Vec<_>>().join(", ")))
 }
 
 /// What a file tool does.
@@ -205,14 +211,56 @@ impl Tool for FileTool {
         path.insert("enum".into(), json!(paths));
         Some(schema)
     }
-    fn needed_for(&self, request: &str) -> Option<String> {
-        // Said once, by read_file, for all three.
-        if self.kind != FileKind::Read {
-            return None;
-        }
+    fn needed_for(&self, request: &str, done: &[Done]) -> Option<Need> {
+        // A file is read by read_file; a folder listed by list_dir or searched by search_files.
         let tree = Tree::walk(&self.root);
-        path_named_in(request, tree.as_ref())
+        paths_named_in(request, tree.as_ref()).into_iter().find_map(|(at, named)| match named {
+            Named::Entry(path, is_dir) if !touched(&path, done) => {
+                let fits = match self.kind {
+                    FileKind::Read => !is_dir,
+                    FileKind::List | FileKind::Search => is_dir,
+                };
+                let reason = format!("the request names `{path}`");
+                fits.then(|| Need { reason, at, calls: vec![self.narrowed(&path)] })
+            }
+            // A path that does not exist needs some call to find what was meant (said by read_file).
+            Named::Shaped(word) if done.is_empty() && self.kind == FileKind::Read => {
+                Some(Need { reason: format!("the request names a path (`{word}`)"), at, calls: Vec::new() })
+            }
+            _ => None,
+        })
     }
+}
+
+impl FileTool {
+    /// The spec with its path fixed to `path`.
+    fn narrowed(&self, path: &str) -> ToolSpec {
+        let mut spec = self.spec.clone();
+        if let Some(p) = spec.parameters.pointer_mut("/properties/path").and_then(Value::as_object_mut) {
+            p.insert("enum".into(), json!([path]));
+        }
+        if let Some(o) = spec.parameters.as_object_mut() {
+            let required = o.entry("required").or_insert_with(|| json!([]));
+            if let Some(r) = required.as_array_mut().filter(|r| !r.contains(&json!("path"))) {
+                r.push(json!("path"));
+            }
+        }
+        spec
+    }
+}
+
+/// Whether a call so far has read or listed `path`: a call names it, an output names it (a search hit), or
+/// a listing of its folder shows its name.
+fn touched(path: &str, done: &[Done]) -> bool {
+    let (dir, name) = path.rsplit_once('/').unwrap_or((".", path));
+    done.iter().any(|d| {
+        let arg = |v: &Value| v.as_str().map(|s| s.trim_start_matches("./").trim_end_matches('/').to_string());
+        let args: Vec<String> = d.call.args.as_object().into_iter().flat_map(|o| o.values().filter_map(arg)).collect();
+        args.iter().any(|a| a == path)
+            || d.output.contains(path)
+            || (args.iter().any(|a| a == dir) || (dir == "." && args.is_empty()))
+                && d.output.lines().any(|l| l.trim_end_matches('/') == name)
+    })
 }
 
 /// A bounded look at what is under a root: the regular files' and directories' paths relative to it
@@ -260,11 +308,19 @@ impl Tree {
     }
 }
 
-/// A path the request names: a word that is a path or a file or directory name under the root (any case;
-/// a file's name without its extension counts: "the inventory file"), or that is shaped like a file name
-/// (`settings.ini`, `docs/notes.md`) even where nothing of that name exists (a wrong path still needs a
-/// call to find the right one).
-fn path_named_in(request: &str, tree: Option<&Tree>) -> Option<String> {
+/// What a word of a request names.
+enum Named {
+    /// A file or folder (`true`) under the root.
+    Entry(String, bool),
+    /// Nothing that exists, but shaped like a file name or path.
+    Shaped(String),
+}
+
+/// The paths the request names, in order, with where: words that are a path or a file or directory name
+/// under the root (any case), or that are shaped like a file name (`settings.ini`, `docs/notes.md`) even
+/// where nothing of that name exists (a wrong path still needs a call to find the right one). Only where
+/// there are none, a file's name without its extension ("the inventory file").
+fn paths_named_in(request: &str, tree: Option<&Tree>) -> Vec<(usize, Named)> {
     static WORD: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let word = WORD.get_or_init(|| regex::Regex::new(r"[\w./~-]+").expect("a valid regex"));
     let shaped = |w: &str| {
@@ -278,38 +334,43 @@ fn path_named_in(request: &str, tree: Option<&Tree>) -> Option<String> {
             && (w.contains('/') && w.len() > 2
                 || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
     };
-    let names: Vec<(String, &str)> = tree
-        .map(|t| {
-            t.files
-                .iter()
-                .chain(&t.dirs[1..])
-                .flat_map(|p| {
-                    let name = p.rsplit('/').next().unwrap_or(p);
-                    let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
-                    [
-                        (p.to_lowercase(), p.as_str()),
-                        (name.to_lowercase(), p.as_str()),
-                        (stem.to_lowercase(), p.as_str()),
-                    ]
-                })
-                .filter(|(n, _)| n.chars().count() >= 3)
-                .collect()
-        })
-        .unwrap_or_default();
-    for w in word.find_iter(request) {
-        let w = w.as_str().trim_end_matches(['.', '-', '/']).trim_start_matches("./");
-        if w.is_empty() {
-            continue;
+    // (name as the request may write it, path, a folder, written whole rather than without its extension)
+    let mut names: Vec<(String, &str, bool, bool)> = Vec::new();
+    if let Some(t) = tree {
+        for (p, is_dir) in t.files.iter().map(|p| (p, false)).chain(t.dirs[1..].iter().map(|p| (p, true))) {
+            let name = p.rsplit('/').next().unwrap_or(p);
+            let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
+            names.push((p.to_lowercase(), p, is_dir, true));
+            names.push((name.to_lowercase(), p, is_dir, true));
+            if stem != name {
+                names.push((stem.to_lowercase(), p, is_dir, false));
+            }
         }
-        let lower = w.to_lowercase();
-        if let Some((_, path)) = names.iter().find(|(n, _)| *n == lower) {
-            return Some(format!("the request names `{path}`"));
-        }
-        if shaped(w) {
-            return Some(format!("the request names a path (`{w}`)"));
-        }
+        names.retain(|(n, ..)| n.chars().count() >= 3);
     }
-    None
+    let words: Vec<(usize, &str)> = word
+        .find_iter(request)
+        .map(|m| (m.start(), m.as_str().trim_end_matches(['.', '-', '/']).trim_start_matches("./")))
+        .filter(|(_, w)| !w.is_empty())
+        .collect();
+    let pass = |whole: bool| -> Vec<(usize, Named)> {
+        let mut found = Vec::new();
+        for &(at, w) in &words {
+            let lower = w.to_lowercase();
+            match names.iter().find(|(n, _, _, exact)| *n == lower && *exact == whole) {
+                Some((_, path, is_dir, _)) => found.push((at, Named::Entry(path.to_string(), *is_dir))),
+                None if whole && shaped(w) => found.push((at, Named::Shaped(w.to_string()))),
+                None => {}
+            }
+        }
+        found
+    };
+    let found = pass(true);
+    if found.is_empty() {
+        pass(false)
+    } else {
+        found
+    }
 }
 
 /// Arithmetic only: evalexpr on an empty context, so no variables, assignments or user functions.
@@ -552,8 +613,9 @@ fn search_files(root: &Path, rel: &str, text: &str) -> std::result::Result<Value
             }
         }
     }
+    // Nothing found is a failed lookup: an answer that repeats it is no answer.
     if hits.is_empty() {
-        return Ok(Value::String(format!("no line contains `{text}`")));
+        return Err(ToolError(format!("no line contains `{text}` in the files under `{rel}`")));
     }
     if more {
         hits.push("[... more not shown]".into());
@@ -665,7 +727,10 @@ mod tests {
         std::fs::write(root.join("top.txt"), "invoice 4471").unwrap();
         let found = search_files(&root, "docs", "INVOICE 4471").unwrap();
         assert_eq!(found, json!("docs/a.md:2: Invoice 4471 approved\ndocs/deep/b.txt:1: see invoice 4471"));
-        assert_eq!(search_files(&root, ".", "nowhere").unwrap(), json!("no line contains `nowhere`"));
+        assert_eq!(
+            search_files(&root, ".", "nowhere").unwrap_err().0,
+            "no line contains `nowhere` in the files under `.`"
+        );
         assert!(search_files(&root, "..", "x").unwrap_err().0.contains("outside"));
         assert!(search_files(&root, "top.txt", "x").unwrap_err().0.contains("not a directory"));
         assert!(search_files(&root, ".", " ").is_err());

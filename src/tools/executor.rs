@@ -58,9 +58,7 @@ impl CallOutcome {
         match self {
             CallOutcome::Ok { output } => output.clone(),
             CallOutcome::Blocked { reason } => format!("The call was blocked: {reason}"),
-            CallOutcome::Repeated { output, times } => {
-                format!("{output}\n(The same call was already made {times} time(s) with this result; it was not run again.)")
-            }
+            CallOutcome::Repeated { output, times } => format!("{output}\n({})", repeat_note(*times)),
             other => format!("Error: {}", other.error_text().unwrap_or_default()),
         }
     }
@@ -85,6 +83,11 @@ impl CallOutcome {
     pub fn is_ok(&self) -> bool {
         matches!(self, CallOutcome::Ok { .. })
     }
+}
+
+/// What the observation of a refused repeat says after the earlier output.
+pub fn repeat_note(times: usize) -> String {
+    format!("The same call was already made {times} time(s) with this result; it was not run again.")
 }
 
 /// Validates and runs calls against a tool set.

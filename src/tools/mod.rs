@@ -15,7 +15,8 @@ use serde_json::Value;
 
 pub(crate) use builtin::calculate;
 pub use builtin::{builtin_tools, BuiltinOptions};
-pub use executor::{CallOutcome, Executor, Interceptor, InterceptorAction};
+pub use executor::{repeat_note, CallOutcome, Executor, Interceptor, InterceptorAction};
+
 pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTool, ToolsFileContents, MAX_TIMEOUT_S};
 
 use crate::error::{Error, Result};
@@ -133,12 +134,33 @@ pub trait Tool: Send + Sync {
     fn live_parameters(&self) -> Option<Value> {
         None
     }
-    /// Why `request` itself says this tool is needed, if it does: it names a path that a file tool can
-    /// reach, it writes arithmetic the calculator evaluates. Under `auto` the first decision then calls a
-    /// tool ([`FirstCall::WhenNeeded`](crate::agent::FirstCall)). Default: `None`.
-    fn needed_for(&self, _request: &str) -> Option<String> {
+    /// Why `request` itself says this tool is still needed after the calls `done` so far, if it does: it
+    /// names a file or folder a file tool can reach that no call has read or listed yet, it writes
+    /// arithmetic and the calculator has not run. Under `auto`, the first decision then calls a tool
+    /// ([`FirstCall::WhenNeeded`](crate::agent::FirstCall)), and a later answer is sent back once to
+    /// call again (a question about two files is not answered from one). Default: `None`.
+    fn needed_for(&self, _request: &str, _done: &[Done]) -> Option<Need> {
         None
     }
+}
+
+/// What a request still needs a tool for ([`Tool::needed_for`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Need {
+    /// Why, as the events say it ("the request names `notes.txt`").
+    pub reason: String,
+    /// Where the request names it (a byte offset): needs are met in the order the request gives them.
+    pub at: usize,
+    /// The calls that meet it, as tool specs narrowed to them (`read_file` of that one path); empty: any
+    /// call.
+    pub calls: Vec<ToolSpec>,
+}
+
+/// A call that ran and gave a result, with its output: what a run has done so far ([`Tool::needed_for`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Done<'a> {
+    pub call: &'a ToolCall,
+    pub output: &'a str,
 }
 
 /// A tool from a function definition and a closure.

@@ -75,6 +75,22 @@ impl Evidence {
         Self { text, known, numbers, named_numbers, months, initials, currencies }
     }
 
+    /// Whether the turns name the tool: one of their words of four letters or more is a part of the tool's
+    /// name or of one of its parameters' names (split at `_`, `-`, `.` and case changes), or a longer or
+    /// shorter form of one ("files" for `file`, "prices" for `price`). A call whose values the user did not
+    /// write but whose tool the user named ("the weather in the capital of Japan": `get_weather`) derives
+    /// its values; one that names nothing the user said is a guess at a tool that does not fit.
+    pub fn names_tool(&self, name: &str, parameters: &Value) -> bool {
+        let params = parameters.get("properties").and_then(Value::as_object);
+        let parts: Vec<String> = std::iter::once(name)
+            .chain(params.into_iter().flat_map(|p| p.keys().map(String::as_str)))
+            .flat_map(name_words)
+            .filter(|p| p.chars().count() >= 4)
+            .collect();
+        let related = |w: &str, p: &str| w == p || (w.starts_with(p) || p.starts_with(w)) && w.len().min(p.len()) >= 4;
+        self.known.iter().filter(|w| w.chars().count() >= 4).any(|w| parts.iter().any(|p| related(w, p)))
+    }
+
     /// The share of `call`'s argument values found in the user and tool turns, averaged over the values:
     /// a number scores 1 when it equals one written there ("$1,000,000", "5%" as 5 or 0.05) or named in
     /// words ("zero", "twice"); other values the fraction of their words (alphanumeric runs) that the turns

@@ -8,7 +8,7 @@ use crate::agent::decision::{DecisionFormat, ToolChoice};
 use crate::agent::events::{AgentEvent, CallRecord, Step};
 use crate::agent::Agent;
 use crate::text::chat::{ChatMessage, Role};
-use crate::tools::{CallOutcome, ToolCall};
+use crate::tools::{repeat_note, CallOutcome, ToolCall};
 
 /// How many calls before the previous one a call is compared with, to refuse a cycle.
 const CYCLE_WINDOW: usize = 2;
@@ -34,6 +34,10 @@ impl Agent {
             run.after_error |= failed && self.config.call_after_error && !forced_after_error;
             if let Some(error) = outcome.error_text() {
                 run.failures.push((call.tool.clone(), error));
+            }
+            // The note on a refused repeat is no answer either.
+            if let CallOutcome::Repeated { times, .. } = &outcome {
+                run.failures.push((call.tool.clone(), repeat_note(*times)));
             }
             step.calls.push(CallRecord { call, outcome });
         }
