@@ -92,6 +92,8 @@ pub struct DecisionDefaults {
     pub end_list_bias: f32,
     /// The agent's `abstain_below`.
     pub abstain_below: Option<f32>,
+    /// The agent's `keep_named_tool_calls`; absent: its default.
+    pub keep_named_tool_calls: Option<bool>,
     /// The agent's `propose_more_calls`.
     #[serde(default)]
     pub propose_more_calls: bool,

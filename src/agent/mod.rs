@@ -82,6 +82,11 @@ pub struct AgentConfig {
     /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
     /// it made up; this makes "no tool fits" a calibrated choice. `None`: calls are kept as decided.
     pub abstain_below: Option<f32>,
+    /// Abstention keeps a call whose tool the user named ([`Evidence::names_tool`](grounding::Evidence::names_tool):
+    /// a word of the request is a part of the tool's or a parameter's name): its values are derived from
+    /// the request ("the weather in the capital of Japan"), not made up. Off in the single-decision
+    /// profile, measured on BFCL, whose irrelevance tasks offer tools named by the request's words.
+    pub keep_named_tool_calls: bool,
     /// Native format with `decision.parallel_calls` above 1: after a decision's calls, propose one more
     /// (the model continues its reply under a one-call grammar) and keep it when it is a new item the
     /// request asked for ([`is_new_requested_item`](grounding::Evidence::is_new_requested_item)); repeat up to the
@@ -120,6 +125,7 @@ impl Default for AgentConfig {
             first_call: FirstCall::WhenNeeded,
             call_after_error: false,
             abstain_below: None,
+            keep_named_tool_calls: true,
             propose_more_calls: false,
             drop_unstated_options: false,
             drop_unstated_calls: false,
@@ -190,6 +196,9 @@ impl AgentConfig {
             end_list: s.end_list_bias,
         };
         self.abstain_below = s.abstain_below.filter(|&g| g > 0.0);
+        if let Some(keep) = s.keep_named_tool_calls {
+            self.keep_named_tool_calls = keep;
+        }
         self.propose_more_calls = s.propose_more_calls;
         self.drop_unstated_options = s.drop_unstated_options;
         self.drop_unstated_calls = s.drop_unstated_calls;

@@ -318,7 +318,7 @@ impl Agent {
         let named = |call: &ToolCall| {
             self.executor.tools().get(&call.tool).is_some_and(|t| evidence.names_tool(&call.tool, &t.spec().parameters))
         };
-        let named = decided.decision.calls().first().is_some_and(named);
+        let named = self.config.keep_named_tool_calls && decided.decision.calls().first().is_some_and(named);
         if let (Some(g), Some(threshold), false) = (grounding, self.config.abstain_below, named) {
             if g < threshold {
                 let calls = decided.decision.calls();

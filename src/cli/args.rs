@@ -223,6 +223,10 @@ pub(crate) struct DecisionArgs {
     /// first call's argument values are words of the user's messages (0 disables).
     #[arg(long)]
     pub(crate) abstain_below: Option<f32>,
+    /// Abstention keeps a call whose tool the request names (a word of it is a part of the tool's or a
+    /// parameter's name): its values are derived, not made up.
+    #[arg(long, value_name = "yes|no")]
+    pub(crate) keep_named_tool_calls: Option<Toggle>,
     /// With --parallel-calls N and the native format: after a decision's calls, propose one more and keep
     /// it when its new values are words of the request.
     #[arg(long, value_name = "yes|no")]
@@ -286,6 +290,7 @@ impl DecisionArgs {
             None => {}
         }
         let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
+        config.keep_named_tool_calls = toggle(self.keep_named_tool_calls, config.keep_named_tool_calls);
         config.propose_more_calls = toggle(self.propose_more_calls, config.propose_more_calls);
         config.drop_unstated_options = toggle(self.drop_unstated_options, config.drop_unstated_options);
         config.drop_unstated_calls = toggle(self.drop_unstated_calls, config.drop_unstated_calls);
@@ -303,6 +308,9 @@ pub(crate) fn describe_decisions(config: &reagent::AgentConfig) -> String {
     let b = &config.branch_biases;
     let abstain = config.abstain_below.map_or("never".to_string(), |g| g.to_string());
     let mut s = format!("{} format, first call {}, abstain below {abstain}", config.format, config.first_call);
+    if config.abstain_below.is_some() && config.keep_named_tool_calls {
+        s += " (keeping calls of tools the request names)";
+    }
     if config.format == DecisionFormat::Native {
         s += &format!(
             ", call bias {}, more-calls bias {}, close bias {}, end-list bias {}",
