@@ -341,3 +341,41 @@ fn the_library_applies_the_catalogs_settings() {
     let tiny = common::tiny_model(reagent::model::Arch::Llama);
     assert!(tiny.catalog_entry().is_none());
 }
+
+/// The first decision's call bias decides a ReAct decision's `type` where the grammar offers both: far
+/// one way the tiny random model calls, far the other it answers (its own preference is noise); the margin
+/// is recorded for calibration.
+#[test]
+fn the_react_call_bias_decides_the_first_choice() {
+    let dir = folder();
+    // A tiny model with room for the ReAct system prompt.
+    let path = common::scratch().join("tiny-qwen2-4k.gguf");
+    let spec = reagent::model::tiny::TinySpec {
+        context: 4096,
+        ..reagent::model::tiny::TinySpec::new(reagent::model::Arch::Qwen2)
+    };
+    reagent::model::tiny::write_tiny_gguf(&path, &spec).unwrap();
+    for (bias, calls) in [(50.0, true), (-50.0, false)] {
+        let model = reagent::Model::load(&path, &Default::default()).unwrap();
+        // A tool without arguments: the random model's call is complete as soon as it is chosen.
+        let mut tools =
+            builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+        tools.retain(|t| t.spec().name == "current_time");
+        let mut config = AgentConfig {
+            format: DecisionFormat::React,
+            first_call: FirstCall::Never,
+            max_steps: 1,
+            max_decision_tokens: 200,
+            ..AgentConfig::default()
+        };
+        config.decision.max_thought_chars = 0;
+        config.branch_biases.call = bias;
+        let driver = reagent::agent::ModelDriver::constrained(model, reagent::Sampling::Greedy, 0).unwrap();
+        let mut agent = Agent::builder().driver(driver).tools(tools).config(config).build().unwrap();
+        let t = agent.run("Hello there").unwrap();
+        let step = t.steps.first().unwrap_or_else(|| panic!("bias {bias}: no decision: {:?}", t.stop_reason));
+        assert_eq!(step.retries, 0, "bias {bias}: the greedy attempt decides");
+        assert_eq!(!step.decision.calls().is_empty(), calls, "bias {bias}: {:?}", step.decision);
+        assert!(step.stats.branch_margins.iter().any(|m| m.label == "call"), "bias {bias}: the margin is recorded");
+    }
+}

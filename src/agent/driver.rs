@@ -101,6 +101,8 @@ pub struct ModelDriver {
     reuse_prefix: bool,
     /// The native format's branch tokens (a vocabulary scan, done once).
     native_tokens: std::sync::OnceLock<Option<NativeTokens>>,
+    /// The tokens that start a ReAct decision's `type`: a call's, an answer's (a vocabulary scan, done once).
+    react_tokens: std::sync::OnceLock<ReactTokens>,
 }
 
 impl ModelDriver {
@@ -125,6 +127,7 @@ impl ModelDriver {
             prompt_len: 0,
             reuse_prefix: true,
             native_tokens: Default::default(),
+            react_tokens: Default::default(),
         }
     }
 
@@ -176,8 +179,18 @@ impl ModelDriver {
     /// can end: close the object or add an optional argument; end an array or add an item; inside a
     /// string, end it or go on at a comma (a list written as one string).
     fn branches(&self, req: &DecisionRequest<'_>) -> Vec<BranchBias> {
-        if req.format != DecisionFormat::Native {
-            return Vec::new();
+        if req.format == DecisionFormat::React {
+            // A decision's `type`: where the grammar allows only the starts of `call_tool(s)` and of
+            // `final_answer`.
+            let t = self.react_tokens.get_or_init(|| react_type_tokens(self.model.tokenizer()));
+            return vec![BranchBias {
+                label: "call",
+                at: BranchPoint::Anywhere,
+                tokens: t.call.clone(),
+                against: Some(t.answer.clone()),
+                bias: req.biases.call,
+                when: Allowed::Within(t.within.clone()),
+            }];
         }
         let Some(t) = self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())) else {
             return Vec::new();
@@ -320,6 +333,49 @@ impl Driver for ModelDriver {
         native::template_supports_native(self.model.chat_template().source())
             && self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())).is_some()
     }
+}
+
+/// The tokens that can make a ReAct decision's `type` choice, by side: a call's (`call_tool`, `call_tools`)
+/// and an answer's (`final_answer`). A token may begin with the end of the key before the value (`":"call`)
+/// and run on past the value's end (`final_answer","`).
+///
+/// Returns the call side, the answer side and every token that may be allowed where the choice is made
+/// (both sides and the ends of the key alone, `"`), sorted.
+fn react_type_tokens(tok: &crate::text::tokenizer::Tokenizer) -> ReactTokens {
+    const KEY: &[u8] = b"\"type\":\"";
+    let sides: [(&[u8], bool); 3] = [(b"call_tool\"", true), (b"call_tools\"", true), (b"final_answer\"", false)];
+    let (mut call, mut answer, mut within) = (Vec::new(), Vec::new(), Vec::new());
+    for id in 0..tok.vocab_size() as u32 {
+        if tok.is_special(id) {
+            continue;
+        }
+        let b = tok.token_bytes(id);
+        if b.is_empty() {
+            continue;
+        }
+        // The token's value part: after the longest end of the key it starts with.
+        let lead = (0..=KEY.len()).rev().find(|&n| b.starts_with(&KEY[KEY.len() - n..])).unwrap_or(0);
+        let v = &b[lead..];
+        if v.is_empty() {
+            within.push(id);
+            continue;
+        }
+        let side = sides.iter().find(|(x, _)| x.starts_with(v) || v.starts_with(x)).map(|(_, c)| *c);
+        match side {
+            Some(true) => call.push(id),
+            Some(false) => answer.push(id),
+            None => continue,
+        }
+        within.push(id);
+    }
+    ReactTokens { call, answer, within }
+}
+
+/// See [`react_type_tokens`].
+struct ReactTokens {
+    call: Vec<u32>,
+    answer: Vec<u32>,
+    within: Vec<u32>,
 }
 
 /// One scripted reply.

@@ -464,12 +464,18 @@ impl Agent {
             if let Some(stop) = self.fit_context(messages, &mut request_messages, tools)? {
                 return Ok(Attempt::Stop(stop));
             }
+            // A ReAct decision's call bias is the first decision's choice between calling and answering
+            // (calibrated on requests a person makes); later, after observations, the model chooses.
+            let mut biases = self.config.branch_biases;
+            if self.config.format == DecisionFormat::React && step > 1 {
+                biases.call = 0.0;
+            }
             let req = DecisionRequest {
                 messages: &request_messages,
                 grammar: &step_grammar.grammar,
                 tools,
                 format: self.config.format,
-                biases: self.config.branch_biases,
+                biases,
                 max_tokens: self.config.max_decision_tokens,
                 attempt: if after_slip { 0 } else { attempt },
             };

@@ -321,6 +321,9 @@ pub(crate) fn describe_decisions(config: &reagent::AgentConfig) -> String {
         s += if config.drop_unstated_options { ", dropping unstated optional arguments" } else { "" };
         s += if config.drop_unstated_calls { ", dropping unstated later calls" } else { "" };
     } else {
+        if b.call != 0.0 {
+            s += &format!(", first decision's call bias {}", b.call);
+        }
         match config.decision.max_thought_chars {
             0 => s += ", no thought",
             n => s += &format!(", thought of up to {n} characters"),

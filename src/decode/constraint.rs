@@ -256,6 +256,7 @@ impl GrammarEngine {
             last: None,
             digits: self.digits.clone(),
             runs: Vec::new(),
+            chosen: false,
             closers: self.closers.clone(),
         })
     }
@@ -284,6 +285,9 @@ pub enum BranchPoint {
     /// Anywhere (with [`BranchBias::against`], wherever the model's best allowed token is on one of the two
     /// sides).
     Anywhere,
+    /// At the first token the model chooses: the first one sampled (tokens the grammar forced before it are
+    /// no choice), as a ReAct decision's `type` after an empty thought.
+    FirstChoice,
 }
 
 /// A bias added to the logits of the tokens that start one side of a branch of the grammar (call a tool
@@ -319,6 +323,8 @@ pub enum Allowed {
     AnyOf(Vec<u32>),
     /// None of these tokens is allowed.
     NoneOf(Vec<u32>),
+    /// Every allowed token is one of these (sorted): the point offers this choice and nothing else.
+    Within(Vec<u32>),
 }
 
 impl Allowed {
@@ -328,6 +334,11 @@ impl Allowed {
             Allowed::Always => true,
             Allowed::AnyOf(set) => any(set),
             Allowed::NoneOf(set) => !any(set),
+            // Most points allow a token outside the set early in the vocabulary: the scan stops there.
+            Allowed::Within(set) => logits
+                .iter()
+                .enumerate()
+                .all(|(i, &l)| l == f32::NEG_INFINITY || set.binary_search(&(i as u32)).is_ok()),
         }
     }
 }
@@ -377,6 +388,8 @@ pub struct Constraint {
     /// at the end of the output after it (see [`MAX_DIGIT_RUN`]).
     runs: Vec<usize>,
     closers: Arc<Closers>,
+    /// A token has been chosen (the model's first choice is behind: [`BranchPoint::FirstChoice`]).
+    chosen: bool,
 }
 
 impl Constraint {
@@ -431,11 +444,13 @@ impl Constraint {
     }
 
     fn apply_branches(&mut self, logits: &mut [f32]) {
+        let first_choice = !std::mem::replace(&mut self.chosen, true);
         for b in &self.branches {
             let here = match b.at {
                 BranchPoint::Start => self.runs.is_empty(),
                 BranchPoint::After(t) => self.last == Some(t),
                 BranchPoint::Anywhere => true,
+                BranchPoint::FirstChoice => first_choice,
             };
             if !here || !b.when.holds(logits) {
                 continue;

@@ -308,6 +308,35 @@ impl Tree {
     }
 }
 
+/// The words of a request that may be paths, with where they start (`./` and a trailing full stop off).
+fn path_words(request: &str) -> Vec<(usize, &str)> {
+    static WORD: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let word = WORD.get_or_init(|| regex::Regex::new(r"[\w./~-]+").expect("a valid regex"));
+    word.find_iter(request)
+        .map(|m| (m.start(), m.as_str().trim_end_matches(['.', '-', '/']).trim_start_matches("./")))
+        .filter(|(_, w)| !w.is_empty())
+        .collect()
+}
+
+/// Whether a word is shaped like a path: letters and a `/`, or a name with a text file's extension.
+fn is_path_shaped(w: &str) -> bool {
+    const TEXT: [&str; 16] = [
+        "txt", "md", "csv", "tsv", "json", "ini", "log", "toml", "yaml", "yml", "cfg", "conf", "xml", "html", "py",
+        "rs",
+    ];
+    let has_letter = w.chars().any(|c| c.is_alphabetic());
+    let ext = w.rsplit_once('.').map(|(stem, ext)| (stem, ext.to_ascii_lowercase()));
+    has_letter
+        && (w.contains('/') && w.len() > 2
+            || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
+}
+
+/// The first word of `request` shaped like a path, with where it starts: a tool that takes a path is then
+/// needed ([`Tool::needed_for`] of tools outside the built-ins, an MCP server's file tools).
+pub(crate) fn path_in(request: &str) -> Option<(usize, &str)> {
+    path_words(request).into_iter().find(|(_, w)| is_path_shaped(w))
+}
+
 /// What a word of a request names.
 enum Named {
     /// A file or folder (`true`) under the root.
@@ -321,19 +350,7 @@ enum Named {
 /// where nothing of that name exists (a wrong path still needs a call to find the right one). Only where
 /// there are none, a file's name without its extension ("the inventory file").
 fn paths_named_in(request: &str, tree: Option<&Tree>) -> Vec<(usize, Named)> {
-    static WORD: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
-    let word = WORD.get_or_init(|| regex::Regex::new(r"[\w./~-]+").expect("a valid regex"));
-    let shaped = |w: &str| {
-        let has_letter = w.chars().any(|c| c.is_alphabetic());
-        let ext = w.rsplit_once('.').map(|(stem, ext)| (stem, ext.to_ascii_lowercase()));
-        const TEXT: [&str; 16] = [
-            "txt", "md", "csv", "tsv", "json", "ini", "log", "toml", "yaml", "yml", "cfg", "conf", "xml", "html", "py",
-            "rs",
-        ];
-        has_letter
-            && (w.contains('/') && w.len() > 2
-                || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
-    };
+    let shaped = is_path_shaped;
     // (name as the request may write it, path, a folder, written whole rather than without its extension)
     let mut names: Vec<(String, &str, bool, bool)> = Vec::new();
     if let Some(t) = tree {
@@ -348,11 +365,7 @@ fn paths_named_in(request: &str, tree: Option<&Tree>) -> Vec<(usize, Named)> {
         }
         names.retain(|(n, ..)| n.chars().count() >= 3);
     }
-    let words: Vec<(usize, &str)> = word
-        .find_iter(request)
-        .map(|m| (m.start(), m.as_str().trim_end_matches(['.', '-', '/']).trim_start_matches("./")))
-        .filter(|(_, w)| !w.is_empty())
-        .collect();
+    let words = path_words(request);
     let pass = |whole: bool| -> Vec<(usize, Named)> {
         let mut found = Vec::new();
         for &(at, w) in &words {

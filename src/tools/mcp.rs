@@ -255,6 +255,10 @@ impl Tool for McpTool {
         self.read_only
     }
 
+    fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
+        super::Need::of_path_parameter(&self.spec, request, done)
+    }
+
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
         let conn = &self.conn;
         let Some(service) = &conn.service else { return Err(ToolError("the server is not running".into())) };

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub(crate) use builtin::calculate;
 pub use builtin::{builtin_tools, BuiltinOptions};
+pub(crate) use builtin::{calculate, path_in};
 pub use executor::{repeat_note, CallOutcome, Executor, Interceptor, InterceptorAction};
 
 pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTool, ToolsFileContents, MAX_TIMEOUT_S};
@@ -154,6 +154,24 @@ pub struct Need {
     /// The calls that meet it, as tool specs narrowed to them (`read_file` of that one path); empty: any
     /// call.
     pub calls: Vec<ToolSpec>,
+}
+
+impl Need {
+    /// A need for any tool that takes a path (a parameter named `path` or `…_path`, `file`, `filename`)
+    /// when the request names something shaped like one and nothing has run yet: the first call of a tool
+    /// from outside the built-ins (an MCP server's file tools), whose reach reagent does not know.
+    pub fn of_path_parameter(spec: &ToolSpec, request: &str, done: &[Done]) -> Option<Need> {
+        let props = spec.parameters.get("properties")?.as_object()?;
+        let takes_path = props.keys().any(|k| {
+            let k = k.to_lowercase();
+            k == "path" || k.ends_with("_path") || k == "file" || k == "filename" || k == "paths"
+        });
+        if !takes_path || !done.is_empty() {
+            return None;
+        }
+        let (at, word) = path_in(request)?;
+        Some(Need { reason: format!("the request names a path (`{word}`)"), at, calls: Vec::new() })
+    }
 }
 
 /// A call that ran and gave a result, with its output: what a run has done so far ([`Tool::needed_for`]).
