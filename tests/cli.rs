@@ -316,3 +316,43 @@ fn an_interrupt_during_a_decision_ends_the_run_cleanly() {
         assert!(!events.iter().any(|e| e.contains("decision") || e.contains("tool_call")), "{events:?}");
     }
 }
+
+/// `reagent run --help` lists the everyday options first (at most 20), then the decision tuning and the
+/// advanced ones under their own headings; every option the README's synopsis names exists.
+#[test]
+fn help_lists_everyday_options_first_and_the_readme_names_real_flags() {
+    let o = reagent(&["run", "--help"]);
+    let help = String::from_utf8_lossy(&o.stdout).into_owned();
+    let option = |l: &str| {
+        l.trim_start().starts_with("--") || l.trim_start().starts_with("-m,") || l.trim_start().starts_with("-h,")
+    };
+    // The options under `Options:`, up to the next heading (a line that is not indented).
+    let before: Vec<&str> = help
+        .lines()
+        .skip_while(|l| *l != "Options:")
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with(' '))
+        .filter(|l| option(l))
+        .collect();
+    assert!(!before.is_empty() && before.len() <= 20, "{} everyday options: {before:?}", before.len());
+    for heading in ["Decision tuning", "Advanced:"] {
+        assert!(help.contains(heading), "{heading} missing from:\n{help}");
+    }
+    for tuning in ["--call-bias", "--abstain-below", "--first-call"] {
+        assert!(!before.iter().any(|l| l.contains(tuning)), "{tuning} is not an everyday option");
+    }
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let synopsis = readme.split("## CLI synopsis").nth(1).expect("README has a CLI synopsis");
+    let flag = regex::Regex::new(r"--[a-z][a-z0-9-]+").unwrap();
+    let mut helps = std::collections::HashMap::new();
+    for line in synopsis.lines().filter(|l| l.contains("reagent ")) {
+        let Some(cmd) = line.split("reagent ").nth(1).and_then(|r| r.split_whitespace().next()) else { continue };
+        let text = helps.entry(cmd.to_string()).or_insert_with(|| {
+            let args: Vec<&str> = if cmd == "models" { vec!["models", "path", "--help"] } else { vec![cmd, "--help"] };
+            String::from_utf8_lossy(&reagent(&args).stdout).into_owned()
+        });
+        for f in flag.find_iter(line) {
+            assert!(text.contains(f.as_str()), "the README's `{}` is not an option of `reagent {cmd}`", f.as_str());
+        }
+    }
+}

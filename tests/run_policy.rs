@@ -230,7 +230,7 @@ fn an_answer_is_never_a_tools_error() {
     assert_eq!(t.final_answer, None);
     let failed = &t.stop_reason;
     assert!(matches!(failed, StopReason::ToolFailed { tool, error } if tool == "calculator" && error.contains("`=`")));
-    assert!(failed.to_string().starts_with("no answer: `calculator` failed:"), "{failed}");
+    assert!(failed.to_string().starts_with("`calculator` failed: only numbers"), "{failed}");
 }
 
 /// Abstention by grounding turns a first call made of values the user never wrote into an answer, unless

@@ -6,8 +6,11 @@ when it is a new item of the request (src/agent/grounding/, `is_new_requested_it
 Under greedy decoding that continuation is the same text a run with a large more-calls bias produces, so
 one run with the more-calls bias high and abstention off:
 
-    reagent eval ../shared/bfcl-dev/tasks-dev-320.jsonl --model M --dry-run --parallel-calls 4 \
+    reagent eval DEV320.jsonl --model M --dry-run --parallel-calls 4 \
         --more-calls-bias 40 --abstain-below 0 --out forced.jsonl
+
+(DEV320.jsonl: the 320-task sample of the BFCL development split as a task file; it and BFCL's checker
+are not part of this repository.)
 
 holds, for every task, the calls the model makes by itself (those before the first `stop_margin` above the
 run's more-calls bias, here 13) followed by its proposals. The script scores every prefix of every task's

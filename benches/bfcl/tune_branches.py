@@ -4,8 +4,11 @@
 Run the eval once with both biases large, so that every task calls and every decision makes as many calls
 as `--parallel-calls` allows:
 
-    reagent eval ../shared/bfcl-dev/tasks-dev-320.jsonl --model M --dry-run --format native \
+    reagent eval DEV320.jsonl --model M --dry-run --format native \
         --parallel-calls 4 --call-bias 30 --more-calls-bias 30 --out forced.jsonl
+
+(DEV320.jsonl: the 320-task sample of the BFCL development split as a task file; it and BFCL's checker
+are not part of this repository.)
 
 Each result line then holds the first decision's calls and its logit margins before the biases: the margin
 of the call-starting tokens over the best answer token at the start (`call_margin`), then after each call

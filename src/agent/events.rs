@@ -166,7 +166,7 @@ impl std::fmt::Display for StopReason {
             }
             StopReason::TokenBudget { used, budget } => write!(f, "token budget spent ({used} of {budget})"),
             StopReason::DriverError { message } => write!(f, "{message}"),
-            StopReason::ToolFailed { tool, error } => write!(f, "no answer: `{tool}` failed: {error}"),
+            StopReason::ToolFailed { tool, error } => write!(f, "`{tool}` failed: {error}"),
             StopReason::Interrupted => write!(f, "interrupted"),
         }
     }

@@ -59,12 +59,12 @@ pub(crate) struct EvalArgs {
     /// happen: the decisions, dropped and proposed calls, retries.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<PathBuf>,
-    #[command(flatten)]
-    pub(crate) agent: AgentArgs,
     /// Keep the KV cache from task to task (faster where tasks share a prompt prefix, but a task's result
     /// then depends on the task before it, and a resumed eval may differ from an uninterrupted one).
-    #[arg(long)]
+    #[arg(long, help_heading = ADVANCED)]
     pub(crate) reuse_across_tasks: bool,
+    #[command(flatten)]
+    pub(crate) agent: AgentArgs,
 }
 
 #[derive(Args)]
@@ -76,15 +76,10 @@ pub(crate) struct RunArgs {
     /// Offer the write_file tool.
     #[arg(long)]
     pub(crate) allow_write: bool,
-    /// Let read_file read files that have other hard links (which may lie outside --root).
-    #[arg(long)]
-    pub(crate) read_hard_links: bool,
     /// Offer only these built-in tools (repeatable; default: calculator, current_time, read_file, list_dir,
-    /// and write_file with --allow-write). `--builtin none` offers none.
+    /// search_files, and write_file with --allow-write). `--builtin none` offers none.
     #[arg(long, value_name = "NAME")]
     pub(crate) builtin: Vec<String>,
-    #[command(flatten)]
-    pub(crate) agent: AgentArgs,
     /// Ask before each tool call.
     #[arg(long)]
     pub(crate) confirm: bool,
@@ -97,21 +92,29 @@ pub(crate) struct RunArgs {
     /// 0 means greedy.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    pub(crate) seed: u64,
-    /// Token limit of one decision.
-    #[arg(long, default_value_t = reagent::AgentConfig::default().max_decision_tokens)]
-    pub(crate) max_decision_tokens: usize,
-    /// Maximum characters of the answer and of string arguments without their own maxLength.
-    #[arg(long, default_value_t = reagent::DecisionOptions::default().max_string_chars)]
-    pub(crate) max_string_chars: usize,
     /// Tool call timeout in seconds.
     #[arg(long, default_value_t = reagent::AgentConfig::default().tool_timeout.as_secs_f64())]
     pub(crate) tool_timeout: f64,
+    #[arg(long, default_value_t = 0, help_heading = ADVANCED)]
+    pub(crate) seed: u64,
+    /// Let read_file read files that have other hard links (which may lie outside --root).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) read_hard_links: bool,
+    /// Token limit of one decision.
+    #[arg(long, default_value_t = reagent::AgentConfig::default().max_decision_tokens, help_heading = ADVANCED)]
+    pub(crate) max_decision_tokens: usize,
+    /// Maximum characters of the answer and of string arguments without their own maxLength.
+    #[arg(long, default_value_t = reagent::DecisionOptions::default().max_string_chars, help_heading = ADVANCED)]
+    pub(crate) max_string_chars: usize,
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
-    #[arg(long)]
+    #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_prefix_reuse: bool,
+    #[command(flatten)]
+    pub(crate) agent: AgentArgs,
 }
+
+/// The heading of the flags few runs need.
+const ADVANCED: &str = "Advanced";
 
 /// The agent flags `run` and `eval` share.
 #[derive(Args)]
@@ -138,7 +141,7 @@ pub(crate) struct AgentArgs {
     #[arg(long)]
     pub(crate) parallel_calls: Option<usize>,
     /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
-    #[arg(long)]
+    #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_grammar: bool,
     #[command(flatten)]
     pub(crate) decision: DecisionArgs,
@@ -341,10 +344,10 @@ pub(crate) struct ModelArgs {
     #[arg(long, short = 'm')]
     pub(crate) model: Option<String>,
     /// Use this tokenizer.json instead of the tokenizer in the GGUF file.
-    #[arg(long)]
+    #[arg(long, help_heading = ADVANCED)]
     pub(crate) tokenizer_json: Option<PathBuf>,
     /// Cap on the context window (tokens).
-    #[arg(long)]
+    #[arg(long, help_heading = ADVANCED)]
     pub(crate) context: Option<usize>,
 }
 
