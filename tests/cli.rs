@@ -356,3 +356,21 @@ fn help_lists_everyday_options_first_and_the_readme_names_real_flags() {
         }
     }
 }
+
+/// A `REAGENT_KERNELS` value that names no tier is an error naming the allowed ones, not "no cap".
+#[test]
+fn an_unknown_kernel_tier_is_an_error() {
+    let path = tiny_path(Arch::Llama);
+    let o = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .args(["generate", "--model", path.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"])
+        .env("REAGENT_KERNELS", "avx3")
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, &["REAGENT_KERNELS", "`avx3`", "avx512"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .args(["generate", "--model", path.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"])
+        .env("REAGENT_KERNELS", "avx2")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -116,4 +116,61 @@ fn the_scanner_finds_what_breaks_the_order() {
     assert!(violations("agent", "use crate::tools::ToolCall;\nuse crate::agent::x;").is_empty());
     assert_eq!(violations("eval", "use crate::bench::x;"), ["1: eval → crate::bench"], "same layer");
     assert_eq!(violations("nowhere", ""), ["module `nowhere` is not in LAYERS"]);
+    let code = "use super::avx512::{WGroup, XGroup};\n// super::doc::x\nfn f() { super::super::tiles::g(); super::{blocks, groups}; }";
+    assert_eq!(sibling_uses(code, false), ["avx512", "blocks", "groups"]);
+    assert_eq!(sibling_uses(code, true), ["tiles"]);
+}
+
+/// The sibling modules a file's code names through `super::` (comments left out): `use super::x::…`,
+/// `super::{x, y}`, `super::super::x` from a child's file (the siblings of its parent).
+fn sibling_uses(code: &str, nested: bool) -> Vec<String> {
+    let code: String = code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let prefix = if nested { "super::super::" } else { "super::" };
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices(prefix) {
+        if code[..i].ends_with("super::") || code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        out.extend(targets(&code[i + prefix.len()..]).into_iter().filter(|t| t != "super" && t != "self"));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// No two source files import each other: where `a.rs` uses its sibling `b`, `b.rs` (and the files of `b/`)
+/// do not use `a` (the two kernel tiers once did: their shared layout is now `kernels/groups.rs`).
+#[test]
+fn no_two_files_import_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    // (directory, module) → the sibling modules it uses
+    let mut uses: std::collections::BTreeMap<(PathBuf, String), Vec<String>> = Default::default();
+    for f in &files {
+        let code = fs::read_to_string(f).unwrap();
+        let stem = f.file_stem().unwrap().to_str().unwrap().to_string();
+        let dir = f.parent().unwrap().to_path_buf();
+        if stem != "mod" {
+            uses.entry((dir.clone(), stem.clone())).or_default().extend(sibling_uses(&code, false));
+        }
+        // A file inside `dir/x/` speaks for module `x` among `dir`'s files.
+        let parent = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let grand = dir.parent().unwrap().to_path_buf();
+        let nested = if stem == "mod" { sibling_uses(&code, false) } else { sibling_uses(&code, true) };
+        if dir != src {
+            uses.entry((grand, parent)).or_default().extend(nested);
+        }
+    }
+    let mut both = Vec::new();
+    for ((dir, a), used) in &uses {
+        for b in used {
+            let back = uses.get(&(dir.clone(), b.clone())).is_some_and(|u| u.contains(a));
+            if back && a < b {
+                both.push(format!("{}: {a} ⇄ {b}", dir.strip_prefix(&src).unwrap_or(dir).display()));
+            }
+        }
+    }
+    assert!(uses.len() > 20, "the scan found the sources");
+    assert!(both.is_empty(), "files that import each other:\n{}", both.join("\n"));
 }

@@ -97,8 +97,9 @@ pub enum AgentEvent {
         grounding: f32,
         threshold: f32,
     },
-    /// One more call was proposed after a decision's calls ([`AgentConfig::propose_more_calls`]
-    /// (super::AgentConfig::propose_more_calls)); `kept` when it passed the test of a new requested item.
+    /// One more call was proposed after a decision's calls
+    /// ([`AgentConfig::propose_more_calls`](super::AgentConfig::propose_more_calls)); `kept` when it passed
+    /// the test of a new requested item.
     CallProposed {
         step: usize,
         call: ToolCall,

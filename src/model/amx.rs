@@ -33,7 +33,7 @@ const DEPTH: usize = 32;
 pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
-        let capped = matches!(std::env::var("REAGENT_KERNELS").as_deref(), Ok("scalar" | "avx2" | "vnni" | "avx512"));
+        let capped = !matches!(super::kernels::kernel_cap(), Ok(None));
         !capped && Tier::best() != Tier::Scalar && imp::enable()
     })
 }

@@ -175,13 +175,12 @@ impl Tier {
         }
     }
 
-    /// The best tier this CPU supports, capped by `REAGENT_KERNELS` (`scalar`, `avx2`, `vnni`, `avx512`;
-    /// `amx` or unset: no cap).
+    /// The best tier this CPU supports, capped by `REAGENT_KERNELS` ([`kernel_cap`]; a value it refuses
+    /// caps nothing here: [`check_kernel_cap`] reports it when a model loads).
     pub fn best() -> Tier {
         static BEST: std::sync::OnceLock<Tier> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let cap = std::env::var("REAGENT_KERNELS").ok();
-            let cap = Tier::ALL.into_iter().find(|t| cap.as_deref() == Some(t.name())).unwrap_or(Tier::Avx512);
+            let cap = kernel_cap().ok().flatten().unwrap_or(Tier::Avx512);
             Tier::supported().into_iter().filter(|&t| t <= cap).max().unwrap_or(Tier::Scalar)
         })
     }
@@ -201,6 +200,28 @@ impl Tier {
         }
         tiers
     }
+}
+
+/// `REAGENT_KERNELS`, read once: a tier to cap the kernels at (`scalar`, `avx2`, `vnni`, `avx512`), or
+/// none (unset, empty, or `amx`: every tier the CPU has, AMX prefill included); any other value is an error
+/// naming the allowed ones (a typo must not silently mean "no cap").
+pub fn kernel_cap() -> std::result::Result<Option<Tier>, String> {
+    static CAP: std::sync::OnceLock<std::result::Result<Option<Tier>, String>> = std::sync::OnceLock::new();
+    CAP.get_or_init(|| {
+        let v = std::env::var("REAGENT_KERNELS").unwrap_or_default();
+        match v.trim() {
+            "" | "amx" => Ok(None),
+            v => Tier::ALL.into_iter().find(|t| t.name() == v).map(Some).ok_or_else(|| {
+                format!("`{v}` is not a kernel tier (scalar, avx2, vnni, avx512, amx; unset for the best)")
+            }),
+        }
+    })
+    .clone()
+}
+
+/// [`kernel_cap`] as this crate's error, for loading a model.
+pub fn check_kernel_cap() -> crate::error::Result<()> {
+    kernel_cap().map(drop).map_err(|e| crate::error::Error::param("REAGENT_KERNELS", e))
 }
 
 /// `y[r] = W[r] · x` for a `rows × (x.len()*32)` matrix in GGUF block layout, rows split across threads.
@@ -401,6 +422,8 @@ unsafe fn rows_tokens_into(
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod groups;
 
 /// Activations packed for a tier's kernels: for AVX-512 super-blocks for the K-quants, pairs of blocks
 /// for the 32-element types; for the 256-bit tiers' K-quants each super-block's activation sums.

@@ -157,6 +157,7 @@ pub struct Transformer {
 impl Transformer {
     /// Builds the network of an open GGUF file; `info().load_time` counts from `started`.
     pub fn load(g: &mut GgufFile, opts: &LoadOptions, started: Instant) -> Result<Self> {
+        kernels::check_kernel_cap()?;
         g.f32_reference = opts.f32_reference;
         let path = g.path().to_path_buf();
         let file_bytes = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();

@@ -258,7 +258,7 @@ impl Evidence {
     }
 
     /// Leaves out of a decision's `calls` each one after the first that brings a value the user and tool turns
-    /// do not state (leniently, as for [`drop_unstated_options`]; a value an earlier kept call has is not new),
+    /// do not state (leniently, as for [`drop_unstated_options`](Self::drop_unstated_options); a value an earlier kept call has is not new),
     /// or that repeats an earlier kept call of the same tool but for booleans; says whether it left any out.
     ///
     /// Pushed to make one more call (the more-calls bias), a small model adds calls the request does not ask

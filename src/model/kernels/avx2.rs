@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{WGroup, XGroup};
+use super::groups::{WGroup, XGroup};
 use super::{BlockType, Q8Block};
 
 mod rows8;

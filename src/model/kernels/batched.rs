@@ -50,7 +50,7 @@ fn int_matmul_on(tier: Tier, t: BlockType) -> bool {
 /// `X · Wᵀ` as `m × n` f32, row-major, for `x` of `m × k` (f32, row-major) and `w` the `n × k` matrix of
 /// type `t` in GGUF block layout: the integer prefill. Each row of `x` is quantized to 8 bits as for
 /// decode; tiles of weight rows × tokens use each unpacked weight block for every token of the tile (16 or 8
-/// rows in a register's lanes on AVX-512 and AVX2, [`matmul_rows16`] and [`matmul_rows8`]; else groups of
+/// rows in a register's lanes on AVX-512 and AVX2, `matmul_rows16` and `matmul_rows8`; else groups of
 /// 8 blocks, 4 × 3 on AVX-512 and 2 × 2 on AVX-VNNI), with the tokens taken a pass at a time so that their
 /// activations stay in L2 while a worker's rows go over them. The scalar tier, and Q8_0 on plain AVX2,
 /// run one mat-vec per token (the reference the tests compare against).
@@ -329,8 +329,8 @@ unsafe fn store_tile<const R: usize, const C: usize>(v: [[f32; C]; R], y: *mut f
 unsafe fn group_tile<const R: usize, const C: usize>(
     tier: Tier,
     t: BlockType,
-    w: *const avx512::WGroup,
-    x: *const avx512::XGroup,
+    w: *const super::groups::WGroup,
+    x: *const super::groups::XGroup,
     groups: usize,
 ) -> [[f32; C]; R] {
     let min = t.has_minimum();
@@ -358,7 +358,7 @@ fn int_scales(tier: Tier, t: BlockType) -> bool {
 }
 
 /// The batched product on the integer kernels: tokens packed once into groups of 8 blocks
-/// ([`avx512::XGroup`]), each work item's rows packed once the same way (a K-quant super-block as 8 blocks
+/// ([`groups::XGroup`](super::groups::XGroup)), each work item's rows packed once the same way (a K-quant super-block as 8 blocks
 /// with float scales and minimums), then tiles of a few rows × a few tokens.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
@@ -372,7 +372,7 @@ fn matmul_groups(
     blocks: usize,
     y: &mut [f32],
 ) {
-    use avx512::{XGroup, GROUP};
+    use super::groups::{XGroup, GROUP};
     let code = avx2::code(t);
     let groups = blocks.div_ceil(GROUP);
     let m = xq.len() / blocks;
