@@ -666,8 +666,17 @@ fn list_dir(root: &Path, rel: &str) -> std::result::Result<Value, ToolError> {
         })
         .collect();
     names.sort();
+    // A folder of 100,000 files is not one observation of them all.
+    if names.len() > MAX_LISTED {
+        let more = names.len() - MAX_LISTED;
+        names.truncate(MAX_LISTED);
+        names.push(format!("[... {more} more not shown]"));
+    }
     Ok(Value::String(names.join("\n")))
 }
+
+/// The most entries `list_dir` shows.
+const MAX_LISTED: usize = 200;
 
 fn write_file(root: &Path, rel: &str, content: &str) -> std::result::Result<Value, ToolError> {
     let path = confine(root, rel, false)?;
@@ -727,6 +736,20 @@ mod tests {
         assert_eq!(err("nothing/like/this.pdf"), "nothing/like/this.pdf: no such file (list_dir shows what there is)");
         assert!(err("../travel.md").contains("outside"));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn a_big_folder_is_listed_in_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        for i in 0..MAX_LISTED + 5 {
+            std::fs::write(root.join(format!("f{i:04}.txt")), "").unwrap();
+        }
+        let listing = list_dir(&root, ".").unwrap();
+        let lines: Vec<&str> = listing.as_str().unwrap().lines().collect();
+        assert_eq!(lines.len(), MAX_LISTED + 1);
+        assert_eq!(lines[0], "f0000.txt");
+        assert_eq!(lines[MAX_LISTED], "[... 5 more not shown]");
     }
 
     #[test]

@@ -307,12 +307,30 @@ fn content_text(content: &[rmcp::model::Content], structured: Option<&Value>) ->
         };
         parts.push(part);
     }
-    if parts.is_empty() {
-        if let Some(s) = structured {
-            return s.to_string();
-        }
+    let text = match (parts.is_empty(), structured) {
+        (true, Some(s)) => s.to_string(),
+        _ => parts.join("\n"),
+    };
+    cap_output(text, MAX_RESULT_BYTES)
+}
+
+/// The most of a call's result the model is shown, as for program tools' default `max_output_bytes`: a
+/// server returning 50 MB of text would otherwise become one 50 MB observation (and event, and prompt).
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// `text` cut at `max` bytes (on a character boundary), saying so.
+fn cap_output(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
     }
-    parts.join("\n")
+    let total = text.len();
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    text.push_str(&format!("\n[... cut: the result has {total} bytes, {cut} shown]"));
+    text
 }
 
 /// Keeps the last 4 KiB of the server's stderr, for error messages.
@@ -439,4 +457,16 @@ pub(crate) fn configs_from(entries: Vec<McpConfig>, file: &str) -> Result<Vec<Mc
         seen.push(e.name.clone());
     }
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_results_are_cut_on_a_character_boundary() {
+        assert_eq!(cap_output("short".into(), 10), "short");
+        let cut = cap_output("ééé".into(), 3);
+        assert_eq!(cut, "é\n[... cut: the result has 6 bytes, 2 shown]");
+    }
 }
