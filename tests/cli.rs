@@ -374,3 +374,39 @@ fn an_unknown_kernel_tier_is_an_error() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// `--limit` counts the whole eval when resuming (3 done + `--limit 4 --resume` gives 4 lines, as an
+/// uninterrupted `--limit 4`), and a second eval on the same `--out` is refused while the first holds it.
+#[test]
+fn a_resumed_eval_keeps_its_limit_and_an_out_file_has_one_writer() {
+    let model = tiny_path(Arch::Qwen2);
+    let tasks = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/eval_tasks.jsonl");
+    let out = scratch().join("limit-resume.jsonl");
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", tasks, "--model", model.to_str().unwrap(), "--dry-run", "--out"];
+        args.push(out.to_str().unwrap());
+        args.extend(extra);
+        reagent(&args)
+    };
+    let lines = || std::fs::read_to_string(&out).unwrap().lines().count();
+    let o = eval(&["--limit", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(lines(), 3);
+    let o = eval(&["--limit", "4", "--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(lines(), 4, "the limit counts the tasks already done");
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        let held = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+        // SAFETY: flock(2) on a descriptor this File owns.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let o = eval(&["--limit", "5", "--resume"]);
+        assert_clean_failure(&o, &["another eval is writing", "limit-resume.jsonl"]);
+        assert_eq!(lines(), 4, "nothing was written or truncated");
+        let o = eval(&["--limit", "1"]);
+        assert_clean_failure(&o, &["another eval is writing"]);
+        assert_eq!(lines(), 4, "a fresh eval does not truncate a file another holds");
+    }
+}

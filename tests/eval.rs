@@ -146,7 +146,9 @@ fn eval_on_the_test_model_writes_lines_and_resumes_after_a_kill() {
     child.wait().unwrap();
     let before = finished_ids(&out).unwrap();
     assert!(before.len() >= 2);
-    let o = cmd(&["--resume", "--limit", "3", "--summary-json", summary.to_str().unwrap()]).output().unwrap();
+    // `--limit` counts the whole eval: three more than were done.
+    let limit = (before.len() + 3).to_string();
+    let o = cmd(&["--resume", "--limit", &limit, "--summary-json", summary.to_str().unwrap()]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let after = finished_ids(&out).unwrap();
     assert_eq!(after.len(), before.len() + 3);

@@ -176,13 +176,17 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     for (field, line) in unknown_fields(&tasks) {
         eprintln!("warning: {}: unknown task field `{field}` (first on line {line}); ignored", a.tasks.display());
     }
+    // Taken (and locked) before anything is read from it: a second eval on the same file is refused.
+    let mut out = open_results(&a.out, &a.tasks, a.resume)?;
     let mut previous = if a.resume { finished_ids(&a.out)? } else { Vec::new() };
     let done: std::collections::HashSet<String> = previous.iter().map(|r| r.id.clone()).collect();
     let todo: Vec<_> = tasks.into_iter().filter(|t| !done.contains(&t.id)).collect();
+    // `--limit` counts the whole eval, the tasks of the run being resumed included, so a resumed eval
+    // ends where an uninterrupted one would.
+    opts.limit = opts.limit.map(|l| l.saturating_sub(done.len()));
     // Loaded in dry runs too: a task's `tools` are offered (not run) under their own descriptions.
     let mut tools = builtin_tools(&BuiltinOptions { root: a.agent.root.clone(), ..Default::default() })?;
     add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
-    let mut out = open_results(&a.out, &a.tasks, a.resume)?;
     let model = load(&a.model)?;
     let driver: Box<dyn Driver> = match a.agent.no_grammar {
         true => Box::new(ModelDriver::free_form(model, Sampling::Greedy, 0)),
@@ -225,14 +229,37 @@ fn open_results(out: &PathBuf, tasks: &Path, resume: bool) -> Result<BufWriter<F
             bail!("--out {} is the task file; the results would overwrite the tasks", out.display());
         }
     }
+    // Not truncated before the lock is held: that would clobber another eval's results.
     let file = std::fs::OpenOptions::new()
         .create(true)
-        .append(resume)
-        .write(true)
-        .truncate(!resume)
+        .append(true)
         .open(out)
         .with_context(|| format!("opening {}", out.display()))?;
+    lock_exclusive(&file).with_context(|| format!("--out {}", out.display()))?;
+    if !resume {
+        file.set_len(0).with_context(|| format!("emptying {}", out.display()))?;
+    }
     Ok(BufWriter::new(file))
+}
+
+/// An exclusive advisory lock on `file`, held until it is closed; refused at once when another process
+/// holds one (two evals appending to one file would interleave their lines).
+fn lock_exclusive(file: &File) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock(2) on a descriptor this File owns; no memory is involved.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                bail!("another eval is writing this file");
+            }
+            return Err(e.into());
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = file;
+    Ok(())
 }
 
 /// The eval options of `eval`'s flags but the decision settings, which depend on the model.
