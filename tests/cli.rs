@@ -410,3 +410,47 @@ fn a_resumed_eval_keeps_its_limit_and_an_out_file_has_one_writer() {
         assert_eq!(lines(), 4, "a fresh eval does not truncate a file another holds");
     }
 }
+
+/// Structured output: sampled at temperature 1 it still ends (whitespace between JSON tokens is fixed, so
+/// no run is spent on spaces) and parses; cut off by the token limit it is an error with exit code 1, never
+/// success.
+#[test]
+fn structured_output_ends_or_says_it_is_incomplete() {
+    let model = real_model_path("smollm2-135m");
+    let schema = scratch().join("person.schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type":"object","properties":{"name":{"type":"string","maxLength":40},"age":{"type":"integer","minimum":0,"maximum":150},"tags":{"type":"array","items":{"type":"string","maxLength":20},"maxItems":4}},"required":["name","age","tags"],"additionalProperties":false}"#,
+    )
+    .unwrap();
+    let generate = |seed: &str, max: &str| {
+        reagent(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--chat",
+            "--prompt",
+            "Describe a person as JSON.",
+            "--json-schema",
+            schema.to_str().unwrap(),
+            "--temperature",
+            "1",
+            "--seed",
+            seed,
+            "--max-tokens",
+            max,
+        ])
+    };
+    for seed in ["1", "2", "3", "4"] {
+        let o = generate(seed, "300");
+        assert!(o.status.success(), "seed {seed}: {}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout);
+        let v: serde_json::Value =
+            serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("seed {seed}: {e}: {text}"));
+        assert!(v["age"].is_u64(), "seed {seed}: {v}");
+        assert!(!text.contains("\n\n") && !text.contains("  "), "seed {seed}: whitespace runs: {text:?}");
+    }
+    let o = generate("1", "3");
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("error: the output is incomplete"), "{}", stderr(&o));
+}

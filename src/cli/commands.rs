@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 
@@ -76,8 +77,10 @@ pub(super) fn models(cmd: ModelsCmd) -> Result<()> {
     Ok(())
 }
 
-/// `reagent generate`: text streamed to stdout, statistics to stderr.
-pub(super) fn generate(a: GenerateArgs) -> Result<()> {
+/// `reagent generate`: text streamed to stdout, statistics to stderr. Exit 1 when a grammar's output
+/// was cut off before it was complete (the token limit, the context): incomplete structured output is
+/// never reported as success.
+pub(super) fn generate(a: GenerateArgs) -> Result<ExitCode> {
     if a.system.is_some() && !a.chat {
         bail!("--system needs --chat");
     }
@@ -115,14 +118,33 @@ pub(super) fn generate(a: GenerateArgs) -> Result<()> {
         return Err(e).context("writing to stdout");
     }
     writeln!(stdout)?;
-    display::generation_stats(&out, constraint.as_ref())
+    display::generation_stats(&out, constraint.as_ref())?;
+    let complete = matches!(out.stop, reagent::FinishReason::GrammarComplete)
+        || constraint.as_ref().is_none_or(|c| c.is_finished());
+    if !complete {
+        eprintln!(
+            "error: the output is incomplete: generation stopped ({}) before the {} was complete",
+            serde_json::to_string(&out.stop)?,
+            grammar.as_ref().map_or("grammar", |g| g.kind())
+        );
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The grammar `--json-schema`, `--lark` or `--regex` gives, read and parsed before the model loads.
 fn grammar(a: &GenerateArgs) -> Result<Option<Grammar>> {
     let read = |p: &PathBuf| reagent::limits::read_input(p, reagent::limits::MAX_INPUT_BYTES);
     Ok(if let Some(p) = &a.json_schema {
-        let schema = serde_json::from_str(&read(p)?).with_context(|| format!("{}: not valid JSON", p.display()))?;
+        let mut schema: serde_json::Value =
+            serde_json::from_str(&read(p)?).with_context(|| format!("{}: not valid JSON", p.display()))?;
+        // Whitespace between JSON tokens is fixed unless the schema says otherwise: with it free, a
+        // sampled run can spend the whole token limit on spaces and newlines and never end.
+        if let Some(o) = schema.as_object_mut() {
+            o.entry("x-guidance").or_insert_with(
+                || serde_json::json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+            );
+        }
         Some(Grammar::JsonSchema(schema))
     } else if let Some(p) = &a.lark {
         Some(Grammar::Lark(read(p)?))

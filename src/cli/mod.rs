@@ -71,7 +71,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Models { cmd } => commands::models(cmd)?,
         Cmd::Tokenize(a) => commands::tokenize(a)?,
-        Cmd::Generate(a) => commands::generate(a)?,
+        Cmd::Generate(a) => return commands::generate(a),
         Cmd::Bench(a) => commands::bench(a, threads)?,
         Cmd::Run(a) => {
             stop_on_signals();

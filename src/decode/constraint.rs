@@ -39,7 +39,8 @@ impl Grammar {
         }
     }
 
-    fn kind(&self) -> &'static str {
+    /// What kind of grammar it is, for messages: `JSON schema`, `Lark grammar`, `regex`.
+    pub fn kind(&self) -> &'static str {
         match self {
             Grammar::JsonSchema(_) => "JSON schema",
             Grammar::Lark(_) => "Lark grammar",
