@@ -85,6 +85,7 @@ fn a_request_that_names_a_file_or_computes_calls_first() {
         ("What does the travel file say?", "docs/travel.md", call("read_file", json!({"path": "docs/travel.md"}))),
         ("Read settings.ini and tell me the port.", "settings.ini", call("current_time", json!({}))),
         ("What is in the docs folder?", "docs", call("list_dir", json!({"path": "docs"}))),
+        ("Which file in docs says 09:40?", "docs", call("search_files", json!({"path": "docs", "text": "09:40"}))),
         ("What is 37 * 43 + 12?", "37 * 43", call("calculator", json!({"expression": "37 * 43 + 12"}))),
         ("How much is 15% of 2340?", "15, 2340", call("calculator", json!({"expression": "15% * 2340"}))),
     ];

@@ -206,8 +206,15 @@ impl Agent {
     /// What the tools say `task` still needs after `done`, in the order the request names them.
     fn needs(&self, task: &str, done: &[crate::tools::Done]) -> Vec<Need> {
         let tools = self.executor.tools();
-        let mut needs: Vec<Need> =
-            tools.names().into_iter().filter_map(|name| tools.get(name)?.needed_for(task, done)).collect();
+        let mut needs: Vec<Need> = Vec::new();
+        for need in tools.names().into_iter().filter_map(|name| tools.get(name)?.needed_for(task, done)) {
+            // One need that several tools can meet (a folder: listed or searched) offers all their calls.
+            match needs.iter_mut().find(|n| n.at == need.at && n.reason == need.reason) {
+                Some(same) if !same.calls.is_empty() && !need.calls.is_empty() => same.calls.extend(need.calls),
+                Some(_) => {}
+                None => needs.push(need),
+            }
+        }
         needs.sort_by_key(|n| n.at);
         needs
     }
