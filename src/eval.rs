@@ -609,10 +609,10 @@ impl Tool for Rebound {
     }
     fn live_parameters(&self) -> Option<Value> {
         // Under the task's description of the tool only where it names the same parameters.
+        let names =
+            |schema: &Value| schema.get("properties")?.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let live = self.inner.live_parameters()?;
-        (live.get("properties").map(|p| p.as_object().map(|o| o.keys().collect::<Vec<_>>()))
-            == self.spec.parameters.get("properties").map(|p| p.as_object().map(|o| o.keys().collect::<Vec<_>>())))
-        .then_some(live)
+        (names(&live) == names(&self.spec.parameters)).then_some(live)
     }
     fn needed_for(&self, request: &str, done: &[crate::tools::Done]) -> Option<crate::tools::Need> {
         self.inner.needed_for(request, done)

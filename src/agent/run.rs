@@ -9,13 +9,17 @@ use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{self, DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
-use super::{arithmetic, native, Agent, AgentConfig};
+use super::{native, Agent, AgentConfig};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, Need, ToolCall, ToolSpec};
 
 mod calls;
+mod checks;
+mod needs;
+
+use checks::{arithmetic_slips, copied_failure, Failure};
 
 /// What one step's attempts produced.
 enum Attempt {
@@ -73,9 +77,9 @@ struct Checks<'a> {
     /// The run's [`RunState::failures`].
     failures: &'a [(String, String)],
     /// What the request still needs a tool for, not yet raised this run ([`Tool::needed_for`]
-    /// (crate::tools::Tool::needed_for)), with the grammar of the calls that meet it: an answer is then
-    /// sent back to make one of them (once), and the reason noted in `raised`.
-    pending: Option<(String, Option<StepGrammar>)>,
+    /// (crate::tools::Tool::needed_for)): an answer is then sent back to make one of the calls that meet
+    /// it (once), and the reason noted in `raised`.
+    pending: Option<Need>,
     raised: &'a mut Vec<String>,
 }
 
@@ -135,7 +139,7 @@ impl Agent {
         let specs = self.executor.tools().specs();
         let tools_value =
             (self.config.format == DecisionFormat::Native && !specs.is_empty()).then(|| native::tools_value(&specs));
-        let grammars = StepGrammars::new(&self.live_specs(), &self.config)?;
+        let grammars = self.step_grammars()?;
         let mut messages = self.opening_messages(conversation, &specs);
         let names = specs.iter().map(|s| s.name.clone()).collect();
         self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
@@ -165,87 +169,6 @@ impl Agent {
             _ => None,
         };
         Ok(Transcript { task, steps, final_answer, stop_reason: stop, stats })
-    }
-
-    /// The grammar specs with each tool's [live parameters](crate::tools::Tool::live_parameters) (paths
-    /// that exist), read at the start of a run; the specs as built where the narrowed grammar does not
-    /// compile.
-    fn live_specs(&self) -> Vec<ToolSpec> {
-        let mut specs = self.grammar_specs.clone();
-        let mut narrowed = false;
-        for spec in &mut specs {
-            if let Some(p) = self.executor.tools().get(&spec.name).and_then(|t| t.live_parameters()) {
-                spec.parameters = p;
-                narrowed = true;
-            }
-        }
-        let compiles = || {
-            StepGrammar::new(&specs, &self.config.tool_choice, &self.config)
-                .and_then(|g| self.driver.check_grammar(&g.grammar))
-                .is_ok()
-        };
-        if narrowed && !compiles() {
-            return self.grammar_specs.clone();
-        }
-        specs
-    }
-
-    /// The first reason a tool gives, after the run's successful calls, why the request still needs it
-    /// ([`Tool::needed_for`](crate::tools::Tool::needed_for)), that was not raised before.
-    fn still_needed(&self, run: &RunState) -> Option<Need> {
-        if run.steps.is_empty() || self.config.first_call == super::FirstCall::Never {
-            return None;
-        }
-        let outputs: Vec<(&ToolCall, String)> =
-            run.history.iter().filter(|(_, o)| o.is_ok()).map(|(c, o)| (c, o.observation())).collect();
-        let done: Vec<crate::tools::Done> =
-            outputs.iter().map(|(call, output)| crate::tools::Done { call, output }).collect();
-        self.needs(&run.task, &done).into_iter().find(|n| !run.pending_raised.contains(&n.reason))
-    }
-
-    /// What the tools say `task` still needs after `done`, in the order the request names them.
-    fn needs(&self, task: &str, done: &[crate::tools::Done]) -> Vec<Need> {
-        let tools = self.executor.tools();
-        let mut needs: Vec<Need> = Vec::new();
-        for need in tools.names().into_iter().filter_map(|name| tools.get(name)?.needed_for(task, done)) {
-            // One need that several tools can meet (a folder: listed or searched) offers all their calls.
-            match needs.iter_mut().find(|n| n.at == need.at && n.reason == need.reason) {
-                Some(same) if !same.calls.is_empty() && !need.calls.is_empty() => same.calls.extend(need.calls),
-                Some(_) => {}
-                None => needs.push(need),
-            }
-        }
-        needs.sort_by_key(|n| n.at);
-        needs
-    }
-
-    /// The grammar of the calls that meet `need` (calls only), where it names them and they compile.
-    fn need_grammar(&self, need: &Need) -> Option<StepGrammar> {
-        if need.calls.is_empty() {
-            return None;
-        }
-        let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config).ok()?;
-        self.driver.check_grammar(&g.grammar).ok()?;
-        Some(g)
-    }
-
-    /// Whether the first decision must call ([`AgentConfig::first_call`]), and what the request needs
-    /// where it says; a call the request itself asks for is announced as an event.
-    fn first_call_required(&mut self, task: &str) -> (bool, Option<Need>) {
-        use super::FirstCall;
-        if self.config.tool_choice != ToolChoice::Auto || self.executor.tools().is_empty() {
-            return (false, None);
-        }
-        match self.config.first_call {
-            FirstCall::Never => (false, None),
-            FirstCall::Always => (true, None),
-            FirstCall::WhenNeeded => {
-                let Some(need) = self.needs(task, &[]).into_iter().next() else { return (false, None) };
-                let tool = need.calls.first().map(|c| c.name.clone()).unwrap_or_default();
-                self.emit(AgentEvent::CallRequired { step: 1, tool, reason: need.reason.clone() });
-                (true, Some(need))
-            }
-        }
     }
 
     /// The system prompt (ReAct: the decision format and the tools; native: the chat template renders the
@@ -294,10 +217,7 @@ impl Agent {
         let forced_after_error = std::mem::take(&mut run.after_error);
         // A step that must answer is not asked to call after a slip.
         let call_only = grammars.call_only.as_ref().filter(|_| !run.force_answer);
-        let pending = call_only.and_then(|_| self.still_needed(run)).map(|n| {
-            let g = self.need_grammar(&n);
-            (n.reason, g)
-        });
+        let pending = call_only.and_then(|_| self.still_needed(run));
         let checks = Checks {
             call_only,
             slips: (self.config.check_arithmetic && !run.force_answer).then_some(&mut run.flagged_slips),
@@ -452,16 +372,17 @@ impl Agent {
         let mut feedback: Option<String> = None;
         let mut last_error = String::new();
         // After an arithmetic slip the retry calls a tool where there is a call-only grammar, and decodes
-        // as the first attempt did (greedy stays greedy); after a copied error it calls too, and after an
-        // answer given too early it makes one of the calls the request still needs.
-        let (mut after_slip, mut after_copy, mut too_early) = (false, false, false);
+        // as the first attempt did (greedy stays greedy); after an answer that must be a call it calls too,
+        // one of the calls the request still needs where it was given too early.
+        let (mut after_slip, mut call_instead, mut too_early) = (false, false, false);
+        // The grammar of the calls the pending need names, built the first time an answer comes too early.
+        let mut needed: Option<StepGrammar> = None;
         for attempt in 0..=self.config.max_retries {
             self.emit(AgentEvent::StepStarted { step, attempt });
             // The failed output is not kept; the retry sees the conversation plus what was wrong.
-            let needed = checks.pending.as_ref().and_then(|(_, g)| g.as_ref());
-            let step_grammar = match (too_early, needed, after_slip || after_copy || too_early, checks.call_only) {
-                (true, Some(g), _, _) => g,
-                (_, _, true, Some(g)) => g,
+            let step_grammar = match (&needed, checks.call_only) {
+                (Some(g), _) if too_early => g,
+                (_, Some(g)) if after_slip || call_instead => g,
                 _ => schema,
             };
             let mut request_messages = messages.to_vec();
@@ -512,13 +433,14 @@ impl Agent {
             // An answer while the request still needs a tool (a second file not yet read): call instead.
             too_early = false;
             let checked = match (checked, checks.pending.as_ref()) {
-                (Ok(d @ Decision::FinalAnswer { .. }), Some((reason, _)))
-                    if !last && !checks.raised.contains(reason) =>
+                (Ok(d @ Decision::FinalAnswer { .. }), Some(need))
+                    if !last && !checks.raised.contains(&need.reason) =>
                 {
-                    checks.raised.push(reason.clone());
+                    checks.raised.push(need.reason.clone());
                     too_early = true;
-                    let error = format!("answered too early: {reason}");
-                    Err(Failure::CopiedError(error, serde_json::to_value(&d).unwrap_or(Value::Null)))
+                    needed = needed.or_else(|| self.need_grammar(need));
+                    let error = format!("answered too early: {}", need.reason);
+                    Err(Failure::CallInstead(error, serde_json::to_value(&d).unwrap_or(Value::Null)))
                 }
                 (c, _) => c,
             };
@@ -526,7 +448,7 @@ impl Agent {
                 Ok((Some((tool, error)), _)) if last => {
                     return Ok(Attempt::Stop(StopReason::ToolFailed { tool: tool.clone(), error: error.clone() }))
                 }
-                Ok((Some((tool, _)), d)) => Err(Failure::CopiedError(
+                Ok((Some((tool, _)), d)) => Err(Failure::CallInstead(
                     format!("the answer repeats the error of `{tool}`"),
                     serde_json::to_value(&d).unwrap_or(Value::Null),
                 )),
@@ -534,7 +456,7 @@ impl Agent {
                 Err(e) => Err(e),
             };
             after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
-            after_copy = matches!(checked, Err(Failure::CopiedError(..)));
+            call_instead = matches!(checked, Err(Failure::CallInstead(..)));
             let error = match checked {
                 Ok(decision) => {
                     let (decision, cut) = decision.until_repeated_call();
@@ -545,7 +467,7 @@ impl Agent {
             };
             stats.retries += 1;
             self.driver.rollback();
-            feedback = (!after_copy).then(|| match self.config.format {
+            feedback = (!call_instead).then(|| match self.config.format {
                 DecisionFormat::React => format!(
                     "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
                 ),
@@ -572,7 +494,7 @@ impl Agent {
             }
             Failure::Validation(error, decision)
             | Failure::Arithmetic(error, decision)
-            | Failure::CopiedError(error, decision) => {
+            | Failure::CallInstead(error, decision) => {
                 self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
                 error
             }
@@ -738,61 +660,6 @@ impl StepGrammar {
 struct Turns<'a> {
     messages: &'a [ChatMessage],
     evidence: Evidence,
-}
-
-enum Failure {
-    Extraction(String),
-    Validation(String, Value),
-    /// A valid decision whose answer or thought writes wrong arithmetic (reported as a validation failure).
-    Arithmetic(String, Value),
-    /// An answer that repeats a failed call's error (reported as a validation failure).
-    CopiedError(String, Value),
-}
-
-/// A decision whose answer or thought writes wrong arithmetic ([`arithmetic::slips`]), as a failure that
-/// gives the right results. Equations the conversation's user turns write (a user asking whether
-/// `7 × 8 = 54`) and those already sent back this run (`flagged`, where the new ones are added) are not
-/// slips.
-fn arithmetic_slips(decision: &Decision, messages: &[ChatMessage], flagged: &mut Vec<String>) -> Option<Failure> {
-    let said: Vec<String> = messages
-        .iter()
-        .filter(|m| m.role == Role::User)
-        .flat_map(|m| arithmetic::slips(&m.content))
-        .map(|s| s.expression)
-        .collect();
-    let fresh = |text: &str| -> Vec<arithmetic::Slip> {
-        let known = |s: &arithmetic::Slip| flagged.contains(&s.expression) || said.contains(&s.expression);
-        arithmetic::slips(text).into_iter().filter(|s| !known(s)).collect()
-    };
-    let (what, slips) = match decision {
-        Decision::FinalAnswer { answer, .. } => match fresh(answer) {
-            s if s.is_empty() => ("thought", fresh(decision.thought())),
-            s => ("answer", s),
-        },
-        _ => ("thought", fresh(decision.thought())),
-    };
-    if slips.is_empty() {
-        return None;
-    }
-    flagged.extend(slips.iter().map(|s| s.expression.clone()));
-    let found: Vec<String> = slips.iter().map(ToString::to_string).collect();
-    let error = format!("the {what}'s arithmetic is wrong: {}", found.join("; "));
-    Some(Failure::Arithmetic(error, serde_json::to_value(decision).unwrap_or(Value::Null)))
-}
-
-/// The failed call (tool, error) whose error text an answer repeats: it contains the error's first 40
-/// characters (or all of a shorter one of 12 or more), or it is 12 characters or more found in the error,
-/// compared without case and with runs of white space as one space.
-fn copied_failure<'f>(decision: &Decision, failures: &'f [(String, String)]) -> Option<&'f (String, String)> {
-    let Decision::FinalAnswer { answer, .. } = decision else { return None };
-    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
-    let answer = norm(answer);
-    failures.iter().rev().find(|(_, error)| {
-        let error = norm(error);
-        let head: String = error.chars().take(40).collect();
-        (head.chars().count() >= 12 && answer.contains(&head))
-            || (answer.chars().count() >= 12 && error.contains(&answer))
-    })
 }
 
 /// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).

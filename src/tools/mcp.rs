@@ -311,12 +311,9 @@ fn content_text(content: &[rmcp::model::Content], structured: Option<&Value>) ->
         (true, Some(s)) => s.to_string(),
         _ => parts.join("\n"),
     };
-    cap_output(text, MAX_RESULT_BYTES)
+    // A server returning 50 MB of text would otherwise be one 50 MB observation (and event, and prompt).
+    cap_output(text, super::DEFAULT_MAX_OUTPUT_BYTES)
 }
-
-/// The most of a call's result the model is shown, as for program tools' default `max_output_bytes`: a
-/// server returning 50 MB of text would otherwise become one 50 MB observation (and event, and prompt).
-pub const MAX_RESULT_BYTES: usize = 64 * 1024;
 
 /// `text` cut at `max` bytes (on a character boundary), saying so.
 fn cap_output(mut text: String, max: usize) -> String {

@@ -21,6 +21,10 @@ pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTo
 
 use crate::error::{Error, Result};
 
+/// The most of a tool's output the model is shown by default: program tools' `max_output_bytes` default,
+/// and every MCP result.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 64 * 1024;
+
 /// Kills the process group `pid` leads (a program tool, an MCP server) with SIGKILL. A group that is already
 /// gone gives ESRCH, which is fine.
 pub(crate) fn kill_process_group(pid: u32) {

@@ -53,7 +53,7 @@ fn default_timeout() -> f64 {
     30.0
 }
 fn default_max_output() -> usize {
-    64 * 1024
+    super::DEFAULT_MAX_OUTPUT_BYTES
 }
 
 #[derive(Debug, Deserialize)]

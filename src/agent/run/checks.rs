@@ -1,0 +1,72 @@
+//! What a step's attempts check beyond a decision's validity, and why one is sent back: wrong arithmetic,
+//! an answer that repeats a failed call's error, an answer given while the request still needs a tool.
+
+use serde_json::Value;
+
+use crate::agent::{arithmetic, Decision};
+use crate::text::chat::{ChatMessage, Role};
+
+/// Why an attempt is sent back.
+pub(super) enum Failure {
+    Extraction(String),
+    Validation(String, Value),
+    /// A valid decision whose answer or thought writes wrong arithmetic (reported as a validation failure).
+    Arithmetic(String, Value),
+    /// An answer that must be a call instead: it repeats a failed call's error, or it comes while the
+    /// request still needs a tool (reported as a validation failure; retried as a call, with no words
+    /// added).
+    CallInstead(String, Value),
+}
+
+/// A decision whose answer or thought writes wrong arithmetic ([`arithmetic::slips`]), as a failure that
+/// gives the right results. Equations the conversation's user turns write (a user asking whether
+/// `7 × 8 = 54`) and those already sent back this run (`flagged`, where the new ones are added) are not
+/// slips.
+pub(super) fn arithmetic_slips(
+    decision: &Decision,
+    messages: &[ChatMessage],
+    flagged: &mut Vec<String>,
+) -> Option<Failure> {
+    let said: Vec<String> = messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .flat_map(|m| arithmetic::slips(&m.content))
+        .map(|s| s.expression)
+        .collect();
+    let fresh = |text: &str| -> Vec<arithmetic::Slip> {
+        let known = |s: &arithmetic::Slip| flagged.contains(&s.expression) || said.contains(&s.expression);
+        arithmetic::slips(text).into_iter().filter(|s| !known(s)).collect()
+    };
+    let (what, slips) = match decision {
+        Decision::FinalAnswer { answer, .. } => match fresh(answer) {
+            s if s.is_empty() => ("thought", fresh(decision.thought())),
+            s => ("answer", s),
+        },
+        _ => ("thought", fresh(decision.thought())),
+    };
+    if slips.is_empty() {
+        return None;
+    }
+    flagged.extend(slips.iter().map(|s| s.expression.clone()));
+    let found: Vec<String> = slips.iter().map(ToString::to_string).collect();
+    let error = format!("the {what}'s arithmetic is wrong: {}", found.join("; "));
+    Some(Failure::Arithmetic(error, serde_json::to_value(decision).unwrap_or(Value::Null)))
+}
+
+/// The failed call (tool, error) whose error text an answer repeats: it contains the error's first 40
+/// characters (or all of a shorter one of 12 or more), or it is 12 characters or more found in the error,
+/// compared without case and with runs of white space as one space.
+pub(super) fn copied_failure<'f>(
+    decision: &Decision,
+    failures: &'f [(String, String)],
+) -> Option<&'f (String, String)> {
+    let Decision::FinalAnswer { answer, .. } = decision else { return None };
+    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
+    let answer = norm(answer);
+    failures.iter().rev().find(|(_, error)| {
+        let error = norm(error);
+        let head: String = error.chars().take(40).collect();
+        (head.chars().count() >= 12 && answer.contains(&head))
+            || (answer.chars().count() >= 12 && error.contains(&answer))
+    })
+}

@@ -1,0 +1,90 @@
+//! What a run's requests need from live state: the grammars with the tools' live parameters (paths that
+//! exist), the needs the tools read in the request ([`Tool::needed_for`](crate::tools::Tool::needed_for))
+//! and the grammars of the calls that meet them, and whether the first decision must call.
+
+use super::{RunState, StepGrammar, StepGrammars};
+use crate::agent::decision::ToolChoice;
+use crate::agent::events::AgentEvent;
+use crate::agent::{Agent, FirstCall};
+use crate::error::Result;
+use crate::tools::{Need, ToolCall};
+
+impl Agent {
+    /// The run's grammars, from the grammar specs with each tool's [live
+    /// parameters](crate::tools::Tool::live_parameters) (paths that exist), read at the start of a run; from
+    /// the specs as built where no tool narrows its parameters or the narrowed grammar does not compile.
+    pub(super) fn step_grammars(&self) -> Result<StepGrammars> {
+        let mut specs = self.grammar_specs.clone();
+        let mut narrowed = false;
+        for spec in &mut specs {
+            if let Some(p) = self.executor.tools().get(&spec.name).and_then(|t| t.live_parameters()) {
+                spec.parameters = p;
+                narrowed = true;
+            }
+        }
+        if narrowed {
+            let live = StepGrammars::new(&specs, &self.config);
+            if let Ok(g) = live.and_then(|g| self.driver.check_grammar(&g.normal.grammar).map(|()| g)) {
+                return Ok(g);
+            }
+        }
+        StepGrammars::new(&self.grammar_specs, &self.config)
+    }
+
+    /// The first reason a tool gives, after the run's successful calls, why the request still needs it
+    /// ([`Tool::needed_for`](crate::tools::Tool::needed_for)), that was not raised before.
+    pub(super) fn still_needed(&self, run: &RunState) -> Option<Need> {
+        if run.steps.is_empty() || self.config.first_call == FirstCall::Never {
+            return None;
+        }
+        let outputs: Vec<(&ToolCall, String)> =
+            run.history.iter().filter(|(_, o)| o.is_ok()).map(|(c, o)| (c, o.observation())).collect();
+        let done: Vec<crate::tools::Done> =
+            outputs.iter().map(|(call, output)| crate::tools::Done { call, output }).collect();
+        self.needs(&run.task, &done).into_iter().find(|n| !run.pending_raised.contains(&n.reason))
+    }
+
+    /// What the tools say `task` still needs after `done`, in the order the request names them.
+    fn needs(&self, task: &str, done: &[crate::tools::Done]) -> Vec<Need> {
+        let tools = self.executor.tools();
+        let mut needs: Vec<Need> = Vec::new();
+        for need in tools.names().into_iter().filter_map(|name| tools.get(name)?.needed_for(task, done)) {
+            // One need that several tools can meet (a folder: listed or searched) offers all their calls.
+            match needs.iter_mut().find(|n| n.at == need.at && n.reason == need.reason) {
+                Some(same) if !same.calls.is_empty() && !need.calls.is_empty() => same.calls.extend(need.calls),
+                Some(_) => {}
+                None => needs.push(need),
+            }
+        }
+        needs.sort_by_key(|n| n.at);
+        needs
+    }
+
+    /// The grammar of the calls that meet `need` (calls only), where it names them and they compile.
+    pub(super) fn need_grammar(&self, need: &Need) -> Option<StepGrammar> {
+        if need.calls.is_empty() {
+            return None;
+        }
+        let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config).ok()?;
+        self.driver.check_grammar(&g.grammar).ok()?;
+        Some(g)
+    }
+
+    /// Whether the first decision must call ([`AgentConfig::first_call`]), and what the request needs
+    /// where it says; a call the request itself asks for is announced as an event.
+    pub(super) fn first_call_required(&mut self, task: &str) -> (bool, Option<Need>) {
+        if self.config.tool_choice != ToolChoice::Auto || self.executor.tools().is_empty() {
+            return (false, None);
+        }
+        match self.config.first_call {
+            FirstCall::Never => (false, None),
+            FirstCall::Always => (true, None),
+            FirstCall::WhenNeeded => {
+                let Some(need) = self.needs(task, &[]).into_iter().next() else { return (false, None) };
+                let tool = need.calls.first().map(|c| c.name.clone()).unwrap_or_default();
+                self.emit(AgentEvent::CallRequired { step: 1, tool, reason: need.reason.clone() });
+                (true, Some(need))
+            }
+        }
+    }
+}

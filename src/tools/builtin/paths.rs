@@ -1,0 +1,145 @@
+//! What exists under a file tool's root and what a request names of it: the bounded walk the paths are
+//! decoded from ([`Tree`]), the paths a request names or that are shaped like paths, and whether a call
+//! has already read or listed one.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::tools::Done;
+
+/// Whether a call so far has read or listed `path`: a call names it, an output names it (a search hit), or
+/// a listing of its folder shows its name.
+pub(super) fn touched(path: &str, done: &[Done]) -> bool {
+    let (dir, name) = path.rsplit_once('/').unwrap_or((".", path));
+    done.iter().any(|d| {
+        let arg = |v: &Value| v.as_str().map(|s| s.trim_start_matches("./").trim_end_matches('/').to_string());
+        let args: Vec<String> = d.call.args.as_object().into_iter().flat_map(|o| o.values().filter_map(arg)).collect();
+        args.iter().any(|a| a == path)
+            || d.output.contains(path)
+            || (args.iter().any(|a| a == dir) || (dir == "." && args.is_empty()))
+                && d.output.lines().any(|l| l.trim_end_matches('/') == name)
+    })
+}
+
+/// A bounded look at what is under a root: the regular files' and directories' paths relative to it
+/// (directories with `.` first), hidden entries (a component starting with `.`) and symbolic links left
+/// out. `None` when the tree is bigger than the bound (depth 4, 1,000 entries) or cannot be read.
+pub(super) struct Tree {
+    pub(super) files: Vec<String>,
+    pub(super) dirs: Vec<String>,
+}
+
+impl Tree {
+    const MAX_ENTRIES: usize = 1000;
+    const MAX_DEPTH: usize = 4;
+
+    pub(super) fn walk(root: &Path) -> Option<Tree> {
+        let (mut files, mut dirs) = (Vec::new(), vec![".".to_string()]);
+        let mut stack = vec![(root.to_path_buf(), 0usize)];
+        let mut seen = 0usize;
+        while let Some((dir, depth)) = stack.pop() {
+            for e in std::fs::read_dir(&dir).ok()?.flatten() {
+                seen += 1;
+                if seen > Self::MAX_ENTRIES {
+                    return None;
+                }
+                let name = e.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with('.') {
+                    continue;
+                }
+                let Ok(t) = e.file_type() else { continue };
+                let Ok(rel) = e.path().strip_prefix(root).map(|p| p.to_string_lossy().into_owned()) else { continue };
+                if t.is_dir() {
+                    dirs.push(rel);
+                    if depth + 1 < Self::MAX_DEPTH {
+                        stack.push((e.path(), depth + 1));
+                    }
+                } else if t.is_file() {
+                    files.push(rel);
+                }
+            }
+        }
+        files.sort();
+        dirs[1..].sort();
+        Some(Tree { files, dirs })
+    }
+}
+
+/// The words of a request that may be paths, with where they start (`./` and a trailing full stop off).
+fn path_words(request: &str) -> Vec<(usize, &str)> {
+    static WORD: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let word = WORD.get_or_init(|| regex::Regex::new(r"[\w./~-]+").expect("a valid regex"));
+    word.find_iter(request)
+        .map(|m| (m.start(), m.as_str().trim_end_matches(['.', '-', '/']).trim_start_matches("./")))
+        .filter(|(_, w)| !w.is_empty())
+        .collect()
+}
+
+/// Whether a word is shaped like a path: letters and a `/`, or a name with a text file's extension.
+fn is_path_shaped(w: &str) -> bool {
+    const TEXT: [&str; 16] = [
+        "txt", "md", "csv", "tsv", "json", "ini", "log", "toml", "yaml", "yml", "cfg", "conf", "xml", "html", "py",
+        "rs",
+    ];
+    let has_letter = w.chars().any(|c| c.is_alphabetic());
+    let ext = w.rsplit_once('.').map(|(stem, ext)| (stem, ext.to_ascii_lowercase()));
+    has_letter
+        && (w.contains('/') && w.len() > 2
+            || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
+}
+
+/// The first word of `request` shaped like a path, with where it starts: a tool that takes a path is then
+/// needed ([`Tool::needed_for`] of tools outside the built-ins, an MCP server's file tools).
+pub(crate) fn path_in(request: &str) -> Option<(usize, &str)> {
+    path_words(request).into_iter().find(|(_, w)| is_path_shaped(w))
+}
+
+/// What a word of a request names.
+pub(super) enum Named {
+    /// A file or folder (`true`) under the root.
+    Entry(String, bool),
+    /// Nothing that exists, but shaped like a file name or path.
+    Shaped(String),
+}
+
+/// The paths the request names, in order, with where: words that are a path or a file or directory name
+/// under the root (any case), or that are shaped like a file name (`settings.ini`, `docs/notes.md`) even
+/// where nothing of that name exists (a wrong path still needs a call to find the right one). Only where
+/// there are none, a file's name without its extension ("the inventory file").
+pub(super) fn paths_named_in(request: &str, tree: Option<&Tree>) -> Vec<(usize, Named)> {
+    // (name as the request may write it, path, a folder, written whole rather than without its extension)
+    let mut names: Vec<(String, &str, bool, bool)> = Vec::new();
+    if let Some(t) = tree {
+        for (p, is_dir) in t.files.iter().map(|p| (p, false)).chain(t.dirs[1..].iter().map(|p| (p, true))) {
+            let name = p.rsplit('/').next().unwrap_or(p);
+            let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
+            names.push((p.to_lowercase(), p, is_dir, true));
+            names.push((name.to_lowercase(), p, is_dir, true));
+            if stem != name {
+                names.push((stem.to_lowercase(), p, is_dir, false));
+            }
+        }
+        names.retain(|(n, ..)| n.chars().count() >= 3);
+    }
+    let words = path_words(request);
+    let pass = |whole: bool| -> Vec<(usize, Named)> {
+        let mut found = Vec::new();
+        for &(at, w) in &words {
+            let lower = w.to_lowercase();
+            match names.iter().find(|(n, _, _, exact)| *n == lower && *exact == whole) {
+                Some((_, path, is_dir, _)) => found.push((at, Named::Entry(path.to_string(), *is_dir))),
+                None if whole && is_path_shaped(w) => found.push((at, Named::Shaped(w.to_string()))),
+                None => {}
+            }
+        }
+        found
+    };
+    let found = pass(true);
+    if found.is_empty() {
+        pass(false)
+    } else {
+        found
+    }
+}
