@@ -4,12 +4,12 @@
 //! cargo run --release --example constrained -- [MODEL]
 //! ```
 
-use reagent::{catalog, ChatMessage, GenerateParams, Grammar, LoadOptions, Model, Sampling};
+use reagent::{catalog, ChatMessage, GenerateParams, Grammar, Input, LoadOptions, Model, Sampling};
 use serde_json::json;
 
 fn main() -> reagent::Result<()> {
     let name = std::env::args().nth(1).unwrap_or_else(|| "smollm2-135m".into());
-    let path = catalog::resolve(&catalog::Catalog::builtin(), &name, true, &catalog::FetchOptions::default())?;
+    let path = catalog::resolve(&catalog::Catalog::builtin(), &name, &catalog::FetchOptions::default())?;
     let mut model = Model::load(&path, &LoadOptions::default())?;
     let schema = json!({
         "type": "object",
@@ -22,8 +22,9 @@ fn main() -> reagent::Result<()> {
         "additionalProperties": false
     });
     let messages = [ChatMessage::user("Describe the capital of France as JSON.")];
-    let params = GenerateParams { max_tokens: 96, sampling: Sampling::Greedy, ..GenerateParams::default() };
-    let out = model.chat_constrained(&messages, &Grammar::JsonSchema(schema), &params, &mut |_| {})?;
+    let params = GenerateParams::default().max_tokens(96).sampling(Sampling::Greedy);
+    let grammar = Grammar::JsonSchema(schema);
+    let out = model.generate(Input::chat(&messages).grammar(&grammar), &params, &mut |_| {})?;
     let value: serde_json::Value = serde_json::from_str(&out.text).expect("the grammar makes it JSON");
     println!("{value}");
     Ok(())

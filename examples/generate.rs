@@ -12,10 +12,10 @@ fn main() -> reagent::Result<()> {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_else(|| "qwen2.5-coder-0.5b".into());
     let question = args.next().unwrap_or_else(|| "What is the capital of France?".into());
-    let path = catalog::resolve(&catalog::Catalog::builtin(), &name, true, &catalog::FetchOptions::default())?;
+    let path = catalog::resolve(&catalog::Catalog::builtin(), &name, &catalog::FetchOptions::default())?;
     let mut model = Model::load(&path, &LoadOptions::default())?;
-    let params = GenerateParams { max_tokens: 128, sampling: Sampling::Greedy, ..GenerateParams::default() };
-    let out = model.chat(&[ChatMessage::user(question)], &params, &mut |text| {
+    let params = GenerateParams::default().max_tokens(128).sampling(Sampling::Greedy);
+    let out = model.generate(&[ChatMessage::user(question)], &params, &mut |text| {
         print!("{text}");
         let _ = std::io::stdout().flush();
     })?;

@@ -26,7 +26,7 @@ fn main() -> reagent::Result<()> {
         }
         Ok(a.celsius * 9.0 / 5.0 + 32.0)
     })?;
-    let path = catalog::resolve(&catalog::Catalog::builtin(), &name, true, &catalog::FetchOptions::default())?;
+    let path = catalog::resolve(&catalog::Catalog::builtin(), &name, &catalog::FetchOptions::default())?;
     let mut agent = Agent::builder()
         .model(Model::load(&path, &LoadOptions::default())?)?
         .tool(to_fahrenheit)

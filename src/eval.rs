@@ -26,7 +26,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent::{Agent, AgentConfig, DecisionFormat, Driver, StopReason, ToolChoice, Transcript};
+use crate::agent::{Agent, AgentConfig, DecisionFormat, Driver, EventLog, StopReason, ToolChoice, Transcript};
 use crate::error::{Error, Result};
 use crate::text::chat::ChatMessage;
 use crate::tools::{FnTool, Tool, ToolError, ToolSpec};
@@ -42,6 +42,7 @@ pub struct ExpectedCall {
 /// One task of a task file. Fields reagent does not know are kept by name in `unknown` (reported once per
 /// name by [`unknown_fields`]) rather than refused: task files are shared between tools.
 #[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
 pub struct EvalTask {
     pub id: String,
     /// The task's category, for per-category accuracy (default: see [`EvalTask::category`]).
@@ -158,6 +159,7 @@ pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
 
 /// How to run an eval.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct EvalOptions {
     /// Record the first decision's calls only; functions are not executed.
     pub dry_run: bool,
@@ -174,46 +176,13 @@ pub struct EvalOptions {
     pub events: Option<EventLog>,
 }
 
-/// A shared sink for the agent events of every task of an eval: one JSON line per event,
-/// `{"task": ID, "event": …}`, written as it happens, so an interrupted eval keeps what it did. The first
-/// write error is kept and returned by [`run_eval`] at the end of the task it happened in.
-#[derive(Clone)]
-pub struct EventLog {
-    path: std::path::PathBuf,
-    sink: Arc<std::sync::Mutex<(std::fs::File, Option<std::io::Error>)>>,
-}
-
-impl EventLog {
-    /// Creates (or truncates) the file at `path`.
-    pub fn create(path: &Path) -> Result<Self> {
-        let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-        Ok(Self { path: path.to_path_buf(), sink: Arc::new(std::sync::Mutex::new((file, None))) })
-    }
-
-    fn write(&self, task: &str, event: &crate::agent::AgentEvent) {
-        let mut guard = self.sink.lock().unwrap_or_else(|e| e.into_inner());
-        let (out, error) = &mut *guard;
-        if error.is_some() {
-            return;
-        }
-        // One write per line (the file is unbuffered): a line is never split by an interruption mid-way.
-        let line = serde_json::json!({ "task": task, "event": event }).to_string() + "\n";
-        if let Err(e) = out.write_all(line.as_bytes()) {
-            *error = Some(e);
-        }
-    }
-
-    fn take_error(&self) -> Option<Error> {
-        let error = self.sink.lock().unwrap_or_else(|e| e.into_inner()).1.take();
-        error.map(|e| Error::io(&self.path, e))
-    }
-}
-
-impl std::fmt::Debug for EventLog {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EventLog")
-    }
-}
+setters!(EvalOptions {
+    dry_run: bool,
+    limit: Option<usize>,
+    agent: AgentConfig,
+    reuse_across_tasks: bool,
+    events: Option<EventLog>,
+});
 
 /// One call as recorded.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -224,6 +193,7 @@ pub struct RecordedCall {
 
 /// One output line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TaskResult {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,6 +224,7 @@ pub struct TaskResult {
 
 /// Totals of one category.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct CategorySummary {
     pub tasks: usize,
     /// Tasks whose recorded calls are not empty.
@@ -265,6 +236,7 @@ pub struct CategorySummary {
 
 /// Totals of an eval.
 #[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
 pub struct Summary {
     pub tasks: usize,
     pub valid_first_try: usize,
@@ -416,8 +388,7 @@ pub fn run_eval(
                 }
                 let mut builder = Agent::builder().boxed_driver(driver).tools(bound).config(config);
                 if let Some(log) = &opts.events {
-                    let (log, id) = (log.clone(), task.id.clone());
-                    builder = builder.events(move |e: &crate::agent::AgentEvent| log.write(&id, e));
+                    builder = builder.events(log.for_task(&task.id));
                 }
                 let mut agent = builder.build()?;
                 let messages = match (&task.messages, &task.question) {

@@ -10,10 +10,11 @@
 //!   model layer uses.
 //! - [`Tokenizer`]: built from the GGUF metadata; `encode(text, parse_special)`, exact token bytes.
 //! - [`ChatTemplate`] and [`ChatMessage`]: the model's Jinja chat template.
-//! - [`Model::generate`], [`Model::chat`] and [`Model::chat_constrained`] with [`GenerateParams`] and
-//!   [`Sampling`]; [`generate`] and [`generate_with`] for token-level control.
+//! - [`Model::generate`] from an [`Input`] (text, chat messages or tokens, optionally a grammar) with
+//!   [`GenerateParams`] and [`Sampling`]; [`generate`] with a [`Request`] for token-level control (a kept
+//!   KV prefix, a [`Constraint`] of your own).
 //! - [`catalog`]: model names, the local cache and fetching.
-//! - [`GrammarEngine`] / [`Constraint`]: llguidance-constrained decoding ([`generate_with`]).
+//! - [`GrammarEngine`] / [`Constraint`]: llguidance-constrained decoding ([`generate`]).
 //! - [`Agent`] (built with [`Agent::builder`]), [`Tool`], [`TypedTool`], [`ToolSpec`], [`Transcript`],
 //!   [`AgentEvent`], [`StopReason`]: the ReAct agent; see [`agent`] for an example. Tools also come from
 //!   MCP servers ([`tools::mcp::McpServer`]).
@@ -23,7 +24,7 @@
 //! ## Usage
 //! 1. Resolve a model name to a file ([`catalog::resolve`]), fetching it if needed.
 //! 2. Load it with [`Model::load`].
-//! 3. Generate from a conversation ([`Model::chat`]), streaming text to a callback.
+//! 3. Generate from a conversation ([`Model::generate`]), streaming text to a callback.
 //!
 //! Set `RAYON_NUM_THREADS` before the first model call (the `reagent` binary does): without it candle
 //! counts the physical cores from `/proc/cpuinfo` at every f32 matmul, twice per layer per decode step.
@@ -33,13 +34,16 @@
 //!
 //! # fn main() -> reagent::Result<()> {
 //! let cat = catalog::Catalog::builtin();
-//! let path = catalog::resolve(&cat, "smollm2-135m", true, &catalog::FetchOptions::default())?;
+//! let path = catalog::resolve(&cat, "smollm2-135m", &catalog::FetchOptions::default())?;
 //! let mut model = Model::load(&path, &LoadOptions::default())?;
 //! let question = [ChatMessage::user("What is the capital of France?")];
-//! let out = model.chat(&question, &GenerateParams::default(), &mut |t| print!("{t}"))?;
+//! let out = model.generate(&question, &GenerateParams::default(), &mut |t| print!("{t}"))?;
 //! eprintln!("\n{} tokens at {:.1} tok/s", out.stats.generated_tokens, out.stats.decode_tok_s());
 //! # Ok(()) }
 //! ```
+
+#[macro_use]
+mod setters;
 
 pub mod agent;
 #[doc(hidden)]
@@ -58,7 +62,8 @@ pub mod tools;
 pub use agent::decision::{decision_schema, Decision, DecisionOptions, ToolChoice};
 pub use agent::{Agent, AgentConfig, AgentEvent, StopReason, Transcript};
 pub use decode::constraint::{Constraint, ConstraintStats, Grammar, GrammarEngine};
-pub use decode::generate::{generate, generate_with, FinishReason, GenerateParams, Generation, GenerationStats};
+pub use decode::generate::{generate, FinishReason, GenerateParams, Generation, GenerationStats, Request};
+pub use decode::model_api::{Input, Source};
 pub use decode::sampler::{Sampler, Sampling};
 pub use error::{Error, Result};
 pub use model::{LanguageModel, LoadOptions};

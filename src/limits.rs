@@ -2,6 +2,9 @@
 //! enough, grammars and schemas (deeply nested ones recurse in their compilers) are compiled on a thread
 //! with a large stack, and an interrupt (the CLI's Ctrl-C) ends generation, tool calls and runs cleanly.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 
 /// The largest text input file reagent reads (tools files, task files, schemas, grammars): 64 MiB.
@@ -55,23 +58,87 @@ pub fn on_big_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     spawned.unwrap_or_else(|| take()())
 }
 
-static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Asks everything running in this process to stop at its next check: generation between tokens, a
 /// program tool within milliseconds (its process group killed), the agent before its next step, an eval
-/// before its next task. Only an atomic store, so it may be called from a signal handler.
+/// before its next task. Only an atomic store, so it may be called from a signal handler. To stop one
+/// agent of several, use its [`Cancel`] handle.
 pub fn request_interrupt() {
-    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+    INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// Whether an interrupt was requested.
+/// Whether this thread's work should stop: an interrupt of the whole process was requested, or a
+/// [`Cancel`] handle in whose [scope](Cancel::scope) the thread runs was cancelled.
 pub fn interrupted() -> bool {
-    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+    INTERRUPTED.load(Ordering::SeqCst)
+        || SCOPES.try_with(|s| s.borrow().iter().any(Cancel::is_cancelled)).unwrap_or(false)
 }
 
-/// Forgets a handled interrupt (a library user that goes on after one).
+/// Forgets a handled process-wide interrupt (a library user that goes on after one).
 pub fn clear_interrupt() {
-    INTERRUPTED.store(false, std::sync::atomic::Ordering::SeqCst);
+    INTERRUPTED.store(false, Ordering::SeqCst);
+}
+
+thread_local! {
+    /// The handles whose scopes this thread is in, innermost last.
+    static SCOPES: std::cell::RefCell<Vec<Cancel>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Stops one piece of work from another thread: an agent's run ([`Agent::cancel_handle`]), a generation,
+/// an eval. Clones share one flag; cancelling is an atomic store (safe from a signal handler). Work
+/// checks it where it checks for an interrupt ([`interrupted`]): between tokens, between steps, while a
+/// tool runs (tool threads inherit the scopes of the thread that started them).
+///
+/// [`Agent::cancel_handle`]: crate::agent::Agent::cancel_handle
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the work under this handle to stop.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Forgets a cancellation, so the handle can be used for the next piece of work.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+
+    /// Runs `f` on this thread with this handle in scope: [`interrupted`] is true in it once the handle is
+    /// cancelled. Scopes nest (work stops when any enclosing handle is cancelled).
+    pub fn scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Leave;
+        impl Drop for Leave {
+            fn drop(&mut self) {
+                SCOPES.with(|s| s.borrow_mut().pop());
+            }
+        }
+        SCOPES.with(|s| s.borrow_mut().push(self.clone()));
+        let _leave = Leave;
+        f()
+    }
+}
+
+/// The handles in scope on this thread, to carry into a thread it starts ([`in_scopes`]).
+pub(crate) fn current_scopes() -> Vec<Cancel> {
+    SCOPES.with(|s| s.borrow().clone())
+}
+
+/// Runs `f` within `scopes` (from [`current_scopes`] on the starting thread).
+pub(crate) fn in_scopes<R>(scopes: &[Cancel], f: impl FnOnce() -> R) -> R {
+    match scopes.split_first() {
+        None => f(),
+        Some((first, rest)) => first.scope(|| in_scopes(rest, f)),
+    }
 }
 
 /// A global allocator (the system's) that can hold one thread to a memory budget, for untrusted work that

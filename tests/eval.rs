@@ -5,9 +5,9 @@ mod common;
 
 use std::process::Command;
 
-use reagent::agent::{AgentConfig, ScriptedDriver};
+use reagent::agent::{AgentConfig, EventLog, ScriptedDriver};
 use reagent::eval::{
-    finished_ids, load_tasks, matches_expected, run_eval, EvalOptions, EventLog, ExpectedCall, RecordedCall, Summary,
+    finished_ids, load_tasks, matches_expected, run_eval, EvalOptions, ExpectedCall, RecordedCall, Summary,
 };
 use reagent::ToolSpec;
 use serde_json::json;
@@ -84,13 +84,11 @@ fn dry_run_records_first_decisions_and_resume_skips_finished_tasks() {
         json!({"thought": "t", "type": "final_answer", "answer": "no"}).to_string(),
     ];
     let trace = common::scratch().join("eval-trace.jsonl");
-    let opts = EvalOptions {
-        dry_run: true,
-        limit: Some(3),
-        agent: AgentConfig::default(),
-        events: Some(EventLog::create(&trace).unwrap()),
-        ..Default::default()
-    };
+    let opts = EvalOptions::default()
+        .dry_run(true)
+        .limit(Some(3))
+        .agent(AgentConfig::default())
+        .events(Some(EventLog::create(&trace).unwrap()));
     let out_path = common::scratch().join("eval-out.jsonl");
     let mut out = std::fs::File::create(&out_path).unwrap();
     let mut seen = Vec::new();
@@ -178,15 +176,10 @@ fn a_task_the_settings_cannot_run_gets_a_line_and_the_eval_goes_on() {
     let tasks = load_tasks(&suite()).unwrap();
     // `get_weather` is forced, but `single-07` (a currency task) has no such function.
     let picked: Vec<_> = tasks.iter().filter(|t| t.id == "single-01" || t.id == "single-07").cloned().collect();
-    let opts = EvalOptions {
-        dry_run: true,
-        limit: None,
-        agent: AgentConfig {
-            tool_choice: reagent::ToolChoice::Specific("get_weather".into()),
-            ..AgentConfig::default()
-        },
-        ..Default::default()
-    };
+    let opts = EvalOptions::default()
+        .dry_run(true)
+        .limit(None)
+        .agent(AgentConfig::default().tool_choice(reagent::ToolChoice::Specific("get_weather".into())));
     let driver = ScriptedDriver::new([call("get_weather", json!({"city": "Paris"}))]);
     let mut out = Vec::new();
     let (_, results) = run_eval(Box::new(driver), &picked, &[], &opts, &mut out, &mut |_, _| {}).unwrap();
@@ -202,7 +195,7 @@ fn a_task_without_any_valid_decision_is_wrong_even_when_no_call_was_expected() {
         load_tasks(&suite()).unwrap().into_iter().filter(|t| t.id.starts_with("none-")).take(1).collect();
     assert_eq!(tasks[0].expected.as_deref().map(<[_]>::len), Some(0), "a task that expects no call");
     let garbage = vec!["not a decision".to_string(); 20];
-    let opts = EvalOptions { dry_run: true, limit: None, agent: AgentConfig::default(), ..Default::default() };
+    let opts = EvalOptions::default().dry_run(true).limit(None).agent(AgentConfig::default());
     let mut out = Vec::new();
     let (_, results) =
         run_eval(Box::new(ScriptedDriver::new(garbage)), &tasks, &[], &opts, &mut out, &mut |_, _| {}).unwrap();
@@ -230,7 +223,7 @@ fn categories_are_summarised_and_unknown_fields_reported_once() {
     assert_eq!(cats, ["simple", "live_simple", "mine"]);
     assert_eq!(unknown_fields(&tasks), [("source".to_string(), 2), ("note".to_string(), 3)]);
     let script = vec![call("f", json!({"x": 1})), call("f", json!({"x": 2})), call("f", json!({"x": 3}))];
-    let opts = EvalOptions { dry_run: true, limit: None, agent: AgentConfig::default(), ..Default::default() };
+    let opts = EvalOptions::default().dry_run(true).limit(None).agent(AgentConfig::default());
     let (_, results) =
         run_eval(Box::new(ScriptedDriver::new(script)), &tasks, &[], &opts, &mut Vec::new(), &mut |_, _| {}).unwrap();
     let s = Summary::of(&results);
@@ -256,14 +249,14 @@ fn provided_tools_run_and_final_answers_are_scored() {
     ];
     std::fs::write(&p, lines.join("\n") + "\n").unwrap();
     let tasks = load_tasks(&p).unwrap();
-    let tools = builtin_tools(&BuiltinOptions { root, ..Default::default() }).unwrap();
+    let tools = builtin_tools(&BuiltinOptions::default().root(root)).unwrap();
     let answer = |a: &str| json!({"thought": "t", "type": "final_answer", "answer": a}).to_string();
     let script = vec![
         call("read_file", json!({"path": "project.txt"})),
         answer("The owner is Maria Lopez."),
         answer("Maria Lopez."),
     ];
-    let opts = EvalOptions { dry_run: false, limit: None, agent: AgentConfig::default(), ..Default::default() };
+    let opts = EvalOptions::default().dry_run(false).limit(None).agent(AgentConfig::default());
     let (_, results) =
         run_eval(Box::new(ScriptedDriver::new(script)), &tasks, &tools, &opts, &mut Vec::new(), &mut |_, _| {})
             .unwrap();
@@ -278,7 +271,7 @@ fn provided_tools_run_and_final_answers_are_scored() {
     ];
     std::fs::write(&p, lines.join("\n")).unwrap();
     let tasks = load_tasks(&p).unwrap();
-    let opts = EvalOptions { dry_run: true, limit: None, agent: AgentConfig::default(), ..Default::default() };
+    let opts = EvalOptions::default().dry_run(true).limit(None).agent(AgentConfig::default());
     let script = vec![call("calculator", json!({"expression": "1+1"}))];
     let (_, results) =
         run_eval(Box::new(ScriptedDriver::new(script)), &tasks, &tools, &opts, &mut Vec::new(), &mut |_, _| {})
@@ -333,7 +326,7 @@ fn a_resumed_eval_matches_an_uninterrupted_one() {
         let m = reagent::Model::load(common::real_model_path("smollm2-135m"), &Default::default()).unwrap();
         Box::new(reagent::agent::ModelDriver::constrained(m, reagent::Sampling::Greedy, 0).unwrap())
     };
-    let opts = EvalOptions { dry_run: true, ..Default::default() };
+    let opts = EvalOptions::default().dry_run(true);
     let (_, whole) = run_eval(model(), tasks, &[], &opts, &mut Vec::new(), &mut |_, _| {}).unwrap();
     let (_, resumed) = run_eval(model(), &tasks[3..], &[], &opts, &mut Vec::new(), &mut |_, _| {}).unwrap();
     for (a, b) in whole[3..].iter().zip(&resumed) {

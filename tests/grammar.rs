@@ -11,7 +11,7 @@ use common::tiny_model;
 use reagent::agent::decision::parse_decision;
 use reagent::model::Arch;
 use reagent::{
-    decision_schema, generate_with, Decision, DecisionOptions, GenerateParams, Grammar, GrammarEngine, LanguageModel,
+    decision_schema, generate, Decision, DecisionOptions, GenerateParams, Grammar, GrammarEngine, LanguageModel,
     Sampling, ToolChoice, ToolSpec,
 };
 use serde_json::{json, Value};
@@ -152,7 +152,7 @@ fn every_tool_choice_mode() {
     check_table(decision(ToolChoice::Required, opts()), &[CALC, WEATHER], &[ANSWER]);
     check_table(decision(ToolChoice::None, opts()), &[ANSWER], &[CALC, WEATHER]);
     check_table(decision(ToolChoice::Specific("weather".into()), opts()), &[WEATHER], &[CALC, ANSWER]);
-    let parallel = DecisionOptions { parallel_calls: Some(2), ..opts() };
+    let parallel = opts().parallel_calls(Some(2));
     check_table(decision(ToolChoice::Auto, parallel.clone()), &[CALC, ANSWER, PARALLEL], &[]);
     let three = r#"{"thought":"x","type":"call_tools","calls":[{"tool":"calculator","args":{"expression":"1"}},{"tool":"calculator","args":{"expression":"2"}},{"tool":"calculator","args":{"expression":"3"}}]}"#;
     check_table(decision(ToolChoice::Required, parallel), &[PARALLEL], &[three, ANSWER]);
@@ -160,7 +160,7 @@ fn every_tool_choice_mode() {
 
 #[test]
 fn strings_are_bounded() {
-    let opts = DecisionOptions { max_thought_chars: 5, max_string_chars: 4, ..DecisionOptions::default() };
+    let opts = DecisionOptions::default().max_thought_chars(5).max_string_chars(4);
     check_table(
         decision(ToolChoice::Auto, opts),
         &[r#"{"thought":"12345","type":"final_answer","answer":"abcd"}"#],
@@ -218,8 +218,7 @@ fn random_model_decisions_always_validate() {
     let mut model = tiny_model(Arch::Qwen2);
     let tok = model.tokenizer().clone();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let opts =
-        DecisionOptions { max_thought_chars: 24, max_string_chars: 12, parallel_calls: Some(2), ..Default::default() };
+    let opts = DecisionOptions::default().max_thought_chars(24).max_string_chars(12).parallel_calls(Some(2));
     let prompt = tok.encode("hello world", false).unwrap();
     let mut kinds = std::collections::HashSet::new();
     for (i, choice) in
@@ -231,14 +230,19 @@ fn random_model_decisions_always_validate() {
         let validator = jsonschema::validator_for(&schema).unwrap();
         for seed in 0..40u64 {
             let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap();
-            let params = GenerateParams {
-                max_tokens: 400,
-                sampling: Sampling::Random { temperature: 1.0, top_k: None, top_p: None },
-                seed: seed * 31 + i as u64,
-                ..GenerateParams::default()
-            };
+            let params = GenerateParams::default()
+                .max_tokens(400)
+                .sampling(Sampling::Random { temperature: 1.0, top_k: None, top_p: None })
+                .seed(seed * 31 + i as u64);
             let stops = model.stop_tokens().to_vec();
-            let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+            let g = generate(
+                &mut model,
+                &tok,
+                reagent::Request::new(&prompt).stop_tokens(&stops).constraint(Some(&mut c)),
+                &params,
+                &mut |_| {},
+            )
+            .unwrap();
             let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", g.text));
             assert!(validator.is_valid(&v), "seed {seed} {choice:?}: {}", g.text);
             let d = parse_decision(&g.text, &schema).unwrap().unwrap();
@@ -266,7 +270,7 @@ fn decisions_within_limit(close_within: usize) -> Vec<(String, bool)> {
     let tok = model.tokenizer().clone();
     let stops = model.stop_tokens().to_vec();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), &stops).unwrap();
-    let opts = DecisionOptions { parallel_calls: Some(2), ..DecisionOptions::default() };
+    let opts = DecisionOptions::default().parallel_calls(Some(2));
     let schema = decision_schema(&tools(), &ToolChoice::Auto, &opts).unwrap();
     let grammars = [Grammar::JsonSchema(schema.clone()), native(ToolChoice::Auto, opts)];
     let prompt = tok.encode("hello world", false).unwrap();
@@ -274,14 +278,19 @@ fn decisions_within_limit(close_within: usize) -> Vec<(String, bool)> {
     for (g, grammar) in grammars.iter().enumerate() {
         for seed in 0..12u64 {
             let mut c = engine.constraint(grammar).unwrap();
-            let params = GenerateParams {
-                max_tokens: 200,
-                sampling: Sampling::Random { temperature: 1.0, top_k: None, top_p: None },
-                seed: seed * 7 + g as u64,
-                close_within,
-                ..GenerateParams::default()
-            };
-            let gen = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+            let params = GenerateParams::default()
+                .max_tokens(200)
+                .sampling(Sampling::Random { temperature: 1.0, top_k: None, top_p: None })
+                .seed(seed * 7 + g as u64)
+                .close_within(close_within);
+            let gen = generate(
+                &mut model,
+                &tok,
+                reagent::Request::new(&prompt).stop_tokens(&stops).constraint(Some(&mut c)),
+                &params,
+                &mut |_| {},
+            )
+            .unwrap();
             let complete = c.is_finished() || c.is_accepting() && gen.stop != reagent::FinishReason::MaxTokens;
             let parses = match g {
                 0 => parse_decision(&gen.text, &schema).is_ok_and(|d| d.is_ok()),
@@ -312,18 +321,19 @@ fn calculator_decision(
 ) -> (Arc<reagent::Tokenizer>, reagent::Constraint, Vec<u32>, GenerateParams) {
     let tok = model.tokenizer().clone();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let opts = DecisionOptions { max_thought_chars: 10, max_string_chars: 10, ..DecisionOptions::default() };
+    let opts = DecisionOptions::default().max_thought_chars(10).max_string_chars(10);
     let schema = decision_schema(&tools(), &ToolChoice::Specific("calculator".into()), &opts).unwrap();
     let c = engine.constraint(&Grammar::JsonSchema(schema)).unwrap();
     let prompt = tok.encode("hello", false).unwrap();
-    (tok, c, prompt, GenerateParams { max_tokens: 2000, ..GenerateParams::default() })
+    (tok, c, prompt, GenerateParams::default().max_tokens(2000))
 }
 
 #[test]
 fn forced_tokens_are_counted_and_structure_is_forced() {
     let mut model = tiny_model(Arch::Qwen2);
     let (tok, mut c, prompt, params) = calculator_decision(&model);
-    let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    let g = generate(&mut model, &tok, reagent::Request::new(&prompt).constraint(Some(&mut c)), &params, &mut |_| {})
+        .unwrap();
     assert!(g.text.starts_with(r#"{"thought":""#), "{}", g.text);
     // `{"thought":"` is forced, and so is `","type":"call_tool","tool":"calculator","args":{"expression":"`.
     let forced = c.stats().forced_tokens;
@@ -365,7 +375,8 @@ fn forced_tokens_share_the_forward_pass_of_the_sampled_token_before_them() {
     let mut model = tiny_model(Arch::Qwen2);
     let (tok, mut c, prompt, params) = calculator_decision(&model);
     let mut rec = Recording { inner: &mut model, calls: Vec::new() };
-    let g = generate_with(&mut rec, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    let g = generate(&mut rec, &tok, reagent::Request::new(&prompt).constraint(Some(&mut c)), &params, &mut |_| {})
+        .unwrap();
     assert_eq!(g.stop, reagent::FinishReason::GrammarComplete);
     let (prefill, after) = rec.calls.split_first().expect("a prefill");
     assert_eq!(*prefill, (prompt.len(), 0));
@@ -400,7 +411,7 @@ fn native(choice: ToolChoice, opts: DecisionOptions) -> Grammar {
 /// The grammar of a proposed call: a separator, then exactly one call by the tools' schemas, nothing else.
 #[test]
 fn the_extension_grammar_is_one_more_call() {
-    let opts = DecisionOptions { parallel_calls: Some(3), ..DecisionOptions::default() };
+    let opts = DecisionOptions::default().parallel_calls(Some(3));
     let g =
         Grammar::Lark(reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::Auto, &opts).unwrap());
     check_table(
@@ -416,7 +427,7 @@ fn the_extension_grammar_is_one_more_call() {
 fn native_grammar_ties_arguments_to_the_named_tool() {
     let two = format!("{N_CALC}\n{N_WEATHER}");
     let three = format!("{N_CALC}\n{N_WEATHER}\n{N_CALC}");
-    let parallel = DecisionOptions { parallel_calls: Some(2), ..DecisionOptions::default() };
+    let parallel = DecisionOptions::default().parallel_calls(Some(2));
     check_table(
         native(ToolChoice::Auto, parallel.clone()),
         &[N_CALC, N_WEATHER, N_ANSWER, &two, "Two lines\nof answer"],
@@ -456,23 +467,23 @@ fn branch_bias_takes_the_call_or_answer_choice() {
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
     let starts =
         reagent::agent::native::NativeTokens::of(&tok).expect("the tiny vocabulary has the markers").call_starts;
-    let opts = DecisionOptions { max_string_chars: 8, max_answer_tokens: 6, ..DecisionOptions::default() };
+    let opts = DecisionOptions::default().max_string_chars(8).max_answer_tokens(6);
     let prompt = tok.encode("hello world", false).unwrap();
     let stops = model.stop_tokens().to_vec();
     let mut margins = Vec::new();
     for bias in [100.0f32, -100.0] {
         let grammar = native(ToolChoice::Auto, opts.clone());
-        let branches = vec![BranchBias {
-            label: "call",
-            at: BranchPoint::Start,
-            tokens: starts.clone(),
-            against: None,
-            bias,
-            when: Default::default(),
-        }];
+        let branches = vec![BranchBias::new("call", BranchPoint::Start, starts.clone(), bias)];
         let mut c = engine.constraint(&grammar).unwrap().with_branches(branches);
-        let params = GenerateParams { max_tokens: 200, ..GenerateParams::default() };
-        let g = generate_with(&mut model, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+        let params = GenerateParams::default().max_tokens(200);
+        let g = generate(
+            &mut model,
+            &tok,
+            reagent::Request::new(&prompt).stop_tokens(&stops).constraint(Some(&mut c)),
+            &params,
+            &mut |_| {},
+        )
+        .unwrap();
         let d = reagent::agent::native::parse_native(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
         assert_eq!(matches!(d, Decision::FinalAnswer { .. }), bias < 0.0, "bias {bias}: {:?}", g.text);
         let m = &c.stats().branch_margins;
@@ -500,8 +511,9 @@ fn decode_with_value_ends(
     }
     let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap().with_branches(branches);
     let prompt = tok.encode("hello", false).unwrap();
-    let params = GenerateParams { max_tokens, ..GenerateParams::default() };
-    let g = generate_with(&mut model, &tok, &[], &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    let params = GenerateParams::default().max_tokens(max_tokens);
+    let g = generate(&mut model, &tok, reagent::Request::new(&prompt).constraint(Some(&mut c)), &params, &mut |_| {})
+        .unwrap();
     let v: Value = serde_json::from_str(&g.text).unwrap_or_else(|e| panic!("{e}: {}", g.text));
     (v, g.text, c.stats().branch_margins.iter().map(|m| m.label).collect())
 }

@@ -41,9 +41,9 @@ fn margin(v: &[f32]) -> f32 {
 /// f32 GEMM; the reference always the latter; the last position's head through the mat-vec kernel),
 /// then 12 decode steps (the mat-vec kernels) fed with the reference's greedy tokens.
 fn compare(path: std::path::PathBuf) {
-    let opts = LoadOptions { max_context: Some(512), ..LoadOptions::default() };
+    let opts = LoadOptions::default().max_context(Some(512));
     let mut quant = Model::load(&path, &opts).unwrap();
-    let mut reference = Model::load(&path, &LoadOptions { f32_reference: true, ..opts }).unwrap();
+    let mut reference = Model::load(&path, &opts.f32_reference(true)).unwrap();
     let text = "The quick brown fox jumps over the lazy dog. In the beginning the universe was created, and";
     let prompt = quant.tokenizer().encode(text, true).unwrap();
     assert!(prompt.len() >= 16, "the prompt must take the batched path");
@@ -95,7 +95,7 @@ fn gemma3_matches_the_f32_reference() {
 /// step; measured: 2.2% (Qwen 0.5B) and 4.0% (SmolLM2) RMS (2.7% and 3.2% against an f32 prefill). A
 /// kernel bug is of another order (see the header), so the bound is the same 20%.
 fn prefill_matches_stepwise(path: std::path::PathBuf) -> f32 {
-    let opts = LoadOptions { max_context: Some(512), ..LoadOptions::default() };
+    let opts = LoadOptions::default().max_context(Some(512));
     let mut batched = Model::load(&path, &opts).unwrap();
     let mut stepwise = Model::load(&path, &opts).unwrap();
     let text = "The quick brown fox jumps over the lazy dog. In the beginning the universe was created, and";

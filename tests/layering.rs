@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// Layers from the bottom. lib.rs (re-exports) and main.rs sit above all; `cli` is the binary's own
 /// module tree (its `crate::` is the binary), which reaches the library only through `reagent::`.
 const LAYERS: &[&[&str]] = &[
-    &["error"],
+    &["setters", "error"],
     &["limits"],
     &["catalog"],
     &["gguf"],

@@ -17,14 +17,7 @@ fn script() -> String {
 }
 
 fn test_server(name: &str, mode: &str, timeout_s: f64) -> McpConfig {
-    McpConfig {
-        name: name.into(),
-        command: "python3".into(),
-        args: vec![script(), mode.into()],
-        env: Default::default(),
-        timeout_s,
-        tools: None,
-    }
+    McpConfig::new(name, "python3").args(vec![script(), mode.into()]).timeout_s(timeout_s)
 }
 
 fn executor(server: &McpServer) -> Executor {
@@ -36,7 +29,7 @@ fn executor(server: &McpServer) -> Executor {
 }
 
 fn run(ex: &mut Executor, tool: &str, args: Value) -> CallOutcome {
-    ex.execute(ToolCall { tool: tool.into(), args }).1
+    ex.execute(ToolCall::new(tool, args)).1
 }
 
 fn alive(pid: u32) -> bool {
@@ -225,7 +218,7 @@ fn scripted_agent(server: &McpServer, script: Vec<String>) -> (Agent, Events) {
     let agent = Agent::builder()
         .driver(ScriptedDriver::new(script))
         .tools(server.tools())
-        .config(AgentConfig { tool_timeout: Duration::from_secs(20), ..AgentConfig::default() })
+        .config(AgentConfig::default().tool_timeout(Duration::from_secs(20)))
         .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
         .build()
         .unwrap();
@@ -281,14 +274,8 @@ fn npm_server(bin: &str) -> PathBuf {
 }
 
 fn npm_config(bin: &str, args: &[&str]) -> McpConfig {
-    McpConfig {
-        name: bin.trim_start_matches("mcp-server-").into(),
-        command: npm_server(bin).display().to_string(),
-        args: args.iter().map(|s| s.to_string()).collect(),
-        env: Default::default(),
-        timeout_s: 30.0,
-        tools: None,
-    }
+    McpConfig::new(bin.trim_start_matches("mcp-server-"), npm_server(bin).display().to_string())
+        .args(args.iter().map(|s| s.to_string()).collect())
 }
 
 #[test]

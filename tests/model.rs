@@ -84,7 +84,7 @@ fn weights_copied_to_huge_pages_give_the_same_logits_as_the_files_map() {
     // same bytes either way.
     for arch in ARCHS {
         let ids: Vec<u32> = (20..40).collect();
-        let load = |huge_pages| Model::load(tiny_path(arch), &LoadOptions { huge_pages, ..LoadOptions::default() });
+        let load = |huge_pages| Model::load(tiny_path(arch), &LoadOptions::default().huge_pages(huge_pages));
         let (mut copied, mut mapped) = (load(true).unwrap(), load(false).unwrap());
         assert!(!mapped.info().huge_pages);
         assert_eq!(copied.forward(&ids, 0).unwrap(), mapped.forward(&ids, 0).unwrap(), "{arch:?}");
@@ -134,20 +134,16 @@ fn greedy_generation_is_deterministic_and_seeded_sampling_reproducible() {
         let mut m = tiny_model(arch);
         let tok = m.tokenizer().clone();
         let prompt = tok.encode("hello world", false).unwrap();
-        let params = GenerateParams { max_tokens: 12, ignore_eos: true, ..GenerateParams::default() };
-        let a = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
-        let b = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
+        let params = GenerateParams::default().max_tokens(12).ignore_eos(true);
+        let a = generate(&mut m, &tok, reagent::Request::new(&prompt), &params, &mut |_| {}).unwrap();
+        let b = generate(&mut m, &tok, reagent::Request::new(&prompt), &params, &mut |_| {}).unwrap();
         assert_eq!(a.tokens, b.tokens, "{arch:?}");
         assert_eq!(a.tokens.len(), 12);
         assert_eq!(a.stop, FinishReason::MaxTokens);
 
         let mut sampled = |seed| {
-            let p = GenerateParams {
-                sampling: Sampling::Random { temperature: 1.0, top_k: None, top_p: None },
-                seed,
-                ..params.clone()
-            };
-            generate(&mut m, &tok, &[], &prompt, &p, &mut |_| {}).unwrap().tokens
+            let p = params.clone().sampling(Sampling::Random { temperature: 1.0, top_k: None, top_p: None }).seed(seed);
+            generate(&mut m, &tok, reagent::Request::new(&prompt), &p, &mut |_| {}).unwrap().tokens
         };
         let (x, y) = (sampled(3), sampled(3));
         assert_eq!(x, y, "{arch:?}");
@@ -159,18 +155,18 @@ fn streamed_text_equals_the_returned_text_and_stop_strings_cut_it() {
     let mut m = tiny_model(Arch::Llama);
     let tok = m.tokenizer().clone();
     let prompt = tok.encode("hello", false).unwrap();
-    let params = GenerateParams { max_tokens: 30, ignore_eos: true, ..GenerateParams::default() };
+    let params = GenerateParams::default().max_tokens(30).ignore_eos(true);
     let mut streamed = String::new();
-    let full = generate(&mut m, &tok, &[], &prompt, &params, &mut |t| streamed.push_str(t)).unwrap();
+    let full = generate(&mut m, &tok, reagent::Request::new(&prompt), &params, &mut |t| streamed.push_str(t)).unwrap();
     assert_eq!(streamed, full.text);
     // Stop on a piece of the text generated above: the result ends right before it.
     let chars: Vec<char> = full.text.chars().collect();
     if chars.len() >= 6 {
         let stop: String = chars[3..5].iter().collect();
         let cut = full.text.find(&stop).unwrap();
-        let p = GenerateParams { stop_strings: vec![stop.clone()], ..params.clone() };
+        let p = params.clone().stop_strings(vec![stop.clone()]);
         let mut streamed = String::new();
-        let g = generate(&mut m, &tok, &[], &prompt, &p, &mut |t| streamed.push_str(t)).unwrap();
+        let g = generate(&mut m, &tok, reagent::Request::new(&prompt), &p, &mut |t| streamed.push_str(t)).unwrap();
         assert_eq!(g.text, full.text[..cut]);
         assert_eq!(streamed, g.text);
         assert_eq!(g.stop, FinishReason::StopString { stop });
@@ -182,12 +178,18 @@ fn stop_tokens_end_generation() {
     let mut m = tiny_model(Arch::Qwen2);
     let tok = m.tokenizer().clone();
     let prompt = tok.encode("hello", false).unwrap();
-    let params = GenerateParams { max_tokens: 5, ignore_eos: true, ..GenerateParams::default() };
-    let free = generate(&mut m, &tok, &[], &prompt, &params, &mut |_| {}).unwrap();
+    let params = GenerateParams::default().max_tokens(5).ignore_eos(true);
+    let free = generate(&mut m, &tok, reagent::Request::new(&prompt), &params, &mut |_| {}).unwrap();
     // Declaring the first greedy token a stop token ends generation before it.
     let first = free.tokens[0];
-    let g = generate(&mut m, &tok, &[first], &prompt, &GenerateParams { ignore_eos: false, ..params }, &mut |_| {})
-        .unwrap();
+    let g = generate(
+        &mut m,
+        &tok,
+        reagent::Request::new(&prompt).stop_tokens(&[first]),
+        &params.ignore_eos(false),
+        &mut |_| {},
+    )
+    .unwrap();
     assert_eq!(g.stop, FinishReason::StopToken { token: first });
     assert!(g.tokens.is_empty());
 }
@@ -333,7 +335,7 @@ fn every_kernel_type_matches_the_f32_reference_in_a_forward_pass() {
         let path = scratch().join(format!("tiny-256-{ty:?}.gguf"));
         write_tiny_gguf(&path, &spec).unwrap();
         let mut quant = Model::load(&path, &LoadOptions::default()).unwrap();
-        let mut reference = Model::load(&path, &LoadOptions { f32_reference: true, ..LoadOptions::default() }).unwrap();
+        let mut reference = Model::load(&path, &LoadOptions::default().f32_reference(true)).unwrap();
         let prompt: Vec<u32> = (20..60).collect();
         let mut q = quant.forward(&prompt, 0).unwrap();
         let mut r = reference.forward(&prompt, 0).unwrap();

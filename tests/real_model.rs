@@ -37,10 +37,10 @@ fn greedy_chat_answer_mentions_paris_and_is_deterministic() {
     // answer changes with the 8-bit rounding of the prompt's activations (the integer prefill's) and is
     // rarely "Paris"; the completion answers "The capital of France is Paris." on every kernel tier.
     let prompt = chat_prompt(&m, "Complete the sentence: The capital of France is");
-    let params = GenerateParams { max_tokens: 48, ..GenerateParams::default() };
-    let a = generate(&mut m, &tok, &stops, &prompt, &params, &mut |_| {}).unwrap();
+    let params = GenerateParams::default().max_tokens(48);
+    let a = generate(&mut m, &tok, reagent::Request::new(&prompt).stop_tokens(&stops), &params, &mut |_| {}).unwrap();
     assert!(a.text.contains("Paris"), "answer: {:?}", a.text);
-    let b = generate(&mut m, &tok, &stops, &prompt, &params, &mut |_| {}).unwrap();
+    let b = generate(&mut m, &tok, reagent::Request::new(&prompt).stop_tokens(&stops), &params, &mut |_| {}).unwrap();
     assert_eq!(a.tokens, b.tokens);
     assert_eq!(a.stats.prompt_tokens, prompt.len());
     assert!(a.stats.generated_tokens > 0);
@@ -70,9 +70,7 @@ fn rollback_gives_bit_identical_logits_on_real_weights() {
 #[test]
 fn constrained_decisions_on_smollm2_name_registered_tools_with_valid_arguments() {
     use reagent::agent::decision::{decision_instructions, parse_decision};
-    use reagent::{
-        decision_schema, generate_with, Decision, DecisionOptions, Grammar, GrammarEngine, ToolChoice, ToolSpec,
-    };
+    use reagent::{decision_schema, Decision, DecisionOptions, Grammar, GrammarEngine, ToolChoice, ToolSpec};
     use serde_json::json;
 
     let mut m = smollm();
@@ -91,7 +89,7 @@ fn constrained_decisions_on_smollm2_name_registered_tools_with_valid_arguments()
         .unwrap(),
     ];
     // A 135M model rambles: short bounds on the strings keep the decision to a few dozen tokens.
-    let opts = DecisionOptions { max_thought_chars: 100, max_string_chars: 60, ..DecisionOptions::default() };
+    let opts = DecisionOptions::default().max_thought_chars(100).max_string_chars(60);
     // `required`: the grammar demands a call; choosing the calculator over search is the model's job.
     let schema = decision_schema(&tools, &ToolChoice::Required, &opts).unwrap();
     let system = decision_instructions(&tools, &ToolChoice::Required, &opts);
@@ -104,8 +102,15 @@ fn constrained_decisions_on_smollm2_name_registered_tools_with_valid_arguments()
     let stops = m.stop_tokens().to_vec();
     let engine = GrammarEngine::new(tok.clone(), m.vocab_size(), &stops).unwrap();
     let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap();
-    let params = GenerateParams { max_tokens: 300, ..GenerateParams::default() };
-    let g = generate_with(&mut m, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    let params = GenerateParams::default().max_tokens(300);
+    let g = generate(
+        &mut m,
+        &tok,
+        reagent::Request::new(&prompt).stop_tokens(&stops).constraint(Some(&mut c)),
+        &params,
+        &mut |_| {},
+    )
+    .unwrap();
     eprintln!("{}", g.text);
     // Which tool a 135M model picks is a quality question (`reagent eval` measures it; tests/agent_qwen.rs
     // asserts it on Qwen). Here: under `required` the real tokenizer and grammar yield a call that parses,
@@ -122,7 +127,14 @@ fn constrained_decisions_on_smollm2_name_registered_tools_with_valid_arguments()
     // Naming the tool leaves only its arguments to the model.
     let schema = decision_schema(&tools, &ToolChoice::Specific("calculator".into()), &opts).unwrap();
     let mut c = engine.constraint(&Grammar::JsonSchema(schema.clone())).unwrap();
-    let g = generate_with(&mut m, &tok, &stops, &prompt, &params, Some(&mut c), &mut |_| {}).unwrap();
+    let g = generate(
+        &mut m,
+        &tok,
+        reagent::Request::new(&prompt).stop_tokens(&stops).constraint(Some(&mut c)),
+        &params,
+        &mut |_| {},
+    )
+    .unwrap();
     match parse_decision(&g.text, &schema).unwrap().unwrap() {
         Decision::CallTool { tool, args, .. } => {
             assert_eq!(tool, "calculator", "{}", g.text);
@@ -144,13 +156,13 @@ fn an_agent_run_on_smollm2_terminates_with_only_valid_decisions() {
     let sink = events.clone();
     let mut agent = Agent::builder()
         .driver(ModelDriver::constrained(smollm(), reagent::Sampling::Greedy, 0).unwrap())
-        .tools(builtin_tools(&BuiltinOptions { root: root.path().into(), ..Default::default() }).unwrap())
-        .config(AgentConfig {
-            max_steps: 4,
-            decision: reagent::DecisionOptions { max_thought_chars: 100, max_string_chars: 60, ..Default::default() },
-            max_decision_tokens: 200,
-            ..AgentConfig::default()
-        })
+        .tools(builtin_tools(&BuiltinOptions::default().root(root.path().into())).unwrap())
+        .config(
+            AgentConfig::default()
+                .max_steps(4)
+                .decision(reagent::DecisionOptions::default().max_thought_chars(100).max_string_chars(60))
+                .max_decision_tokens(200),
+        )
         .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
         .build()
         .unwrap();

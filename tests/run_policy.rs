@@ -42,7 +42,7 @@ type Events = Arc<Mutex<Vec<AgentEvent>>>;
 fn run_in(root: &Path, script: Vec<String>, config: Option<AgentConfig>, task: &str) -> (reagent::Transcript, Events) {
     let events: Events = Arc::default();
     let sink = events.clone();
-    let tools = builtin_tools(&BuiltinOptions { root: root.to_path_buf(), ..Default::default() }).unwrap();
+    let tools = builtin_tools(&BuiltinOptions::default().root(root.to_path_buf())).unwrap();
     let mut b = Agent::builder()
         .driver(ScriptedDriver::new(script))
         .tools(tools)
@@ -108,10 +108,10 @@ fn a_request_that_names_a_file_or_computes_calls_first() {
         assert_eq!(required(&ev), None, "{task}");
     }
     // `never` and `always` are the two ends.
-    let never = AgentConfig { first_call: FirstCall::Never, ..AgentConfig::default() };
+    let never = AgentConfig::default().first_call(FirstCall::Never);
     let (t, _) = run_in(dir.path(), vec![answer("heliotrope")], Some(never), "What is in notes.txt?");
     assert_eq!(t.steps[0].retries, 0);
-    let always = AgentConfig { first_call: FirstCall::Always, ..AgentConfig::default() };
+    let always = AgentConfig::default().first_call(FirstCall::Always);
     let script = vec![answer("Paris"), call("current_time", json!({})), answer("Paris")];
     let (t, _) = run_in(dir.path(), script, Some(always), "Capital of France?");
     assert_eq!(t.steps[0].retries, 1);
@@ -133,7 +133,7 @@ fn an_answer_before_every_named_file_is_read_is_sent_back_once() {
     let sink = events.clone();
     let driver = ScriptedDriver::new(script);
     let log = driver.log();
-    let tools = builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+    let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
     let mut agent = Agent::builder()
         .driver(driver)
         .tools(tools)
@@ -177,15 +177,13 @@ fn paths_are_decoded_from_what_exists() {
     assert_eq!(t.steps[0].retries, 2, "an invented path and a hidden one are sent back");
     assert_eq!(t.steps[0].calls[0].outcome.observation(), "The code word is heliotrope.\n");
 
-    let tools = builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+    let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
     let live = |name: &str| tools.iter().find(|t| t.spec().name == name).unwrap().live_parameters().unwrap();
     assert_eq!(live("read_file")["properties"]["path"]["enum"], json!(["docs/travel.md", "notes.txt"]));
     assert_eq!(live("list_dir")["properties"]["path"]["enum"], json!([".", "docs"]));
     assert_eq!(live("search_files")["required"], json!(["text"]), "the rest of the schema is kept");
     // With a write tool, files may appear mid-run: paths stay free.
-    let writing =
-        builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), allow_write: true, ..Default::default() })
-            .unwrap();
+    let writing = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf()).allow_write(true)).unwrap();
     assert!(writing.iter().all(|t| t.live_parameters().is_none()));
 }
 
@@ -194,7 +192,7 @@ fn paths_are_decoded_from_what_exists() {
 #[test]
 fn the_similar_name_fallback_skips_hidden_files() {
     let dir = folder();
-    let tools = builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+    let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
     let read = tools.iter().find(|t| t.spec().name == "read_file").unwrap();
     let err = read.call(&json!({"path": "config"})).unwrap_err().0;
     assert!(err.contains("no such file") && !err.contains(".git"), "{err}");
@@ -208,7 +206,7 @@ fn the_similar_name_fallback_skips_hidden_files() {
 #[test]
 fn an_answer_is_never_a_tools_error() {
     let dir = folder();
-    let config = AgentConfig { first_call: FirstCall::Never, ..AgentConfig::default() };
+    let config = AgentConfig::default().first_call(FirstCall::Never);
     let calc_error = "only numbers and + - * / % ^ ( ) are allowed, found `=`";
     let script = vec![
         call("calculator", json!({"expression": "2 + 2 = 4"})),
@@ -225,7 +223,7 @@ fn an_answer_is_never_a_tools_error() {
     );
     assert!(rejected);
     // No attempt left: no answer, and the reason names the tool and its error.
-    let config = AgentConfig { max_retries: 0, ..config };
+    let config = config.max_retries(0);
     let script = vec![call("calculator", json!({"expression": "2 + 2 = 4"})), answer(calc_error)];
     let (t, _) = run_in(dir.path(), script, Some(config), "Tell me a short joke about cats.");
     assert_eq!(t.final_answer, None);
@@ -244,7 +242,7 @@ fn a_call_with_derived_values_is_kept() {
         json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
     )
     .unwrap();
-    let config = AgentConfig { abstain_below: Some(0.65), ..AgentConfig::default() };
+    let config = AgentConfig::default().abstain_below(Some(0.65));
     let run = |task: &str, script: Vec<String>| {
         let tool = FnTool::new(weather.clone(), |a: &Value| Ok(json!(format!("{}: rain", a["city"]))));
         let mut agent =
@@ -268,13 +266,13 @@ fn a_call_with_derived_values_is_kept() {
 fn a_refused_call_names_the_equivalent_tools() {
     let dir = folder();
     // With write_file offered, paths are not narrowed to those that exist: an outside path can be written.
-    let opts = BuiltinOptions { root: dir.path().to_path_buf(), allow_write: true, ..Default::default() };
+    let opts = BuiltinOptions::default().root(dir.path().to_path_buf()).allow_write(true);
     let mut tools = builtin_tools(&opts).unwrap();
     for name in ["filesystem.read_text_file", "filesystem.list_directory", "filesystem.move_file"] {
         let spec = ToolSpec::new(name, "a server's tool", json!({"type": "object", "properties": {}})).unwrap();
         tools.push(Arc::new(FnTool::new(spec, |_| Ok(json!("ok")))));
     }
-    let config = AgentConfig { first_call: FirstCall::Never, ..AgentConfig::default() };
+    let config = AgentConfig::default().first_call(FirstCall::Never);
     let script = vec![call("read_file", json!({"path": "/etc/hostname"})), answer("done")];
     let mut agent = Agent::builder().driver(ScriptedDriver::new(script)).tools(tools).config(config).build().unwrap();
     let t = agent.run("What is in /etc/hostname?").unwrap();
@@ -359,16 +357,13 @@ fn the_react_call_bias_decides_the_first_choice() {
     for (bias, calls) in [(50.0, true), (-50.0, false)] {
         let model = reagent::Model::load(&path, &Default::default()).unwrap();
         // A tool without arguments: the random model's call is complete as soon as it is chosen.
-        let mut tools =
-            builtin_tools(&BuiltinOptions { root: dir.path().to_path_buf(), ..Default::default() }).unwrap();
+        let mut tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
         tools.retain(|t| t.spec().name == "current_time");
-        let mut config = AgentConfig {
-            format: DecisionFormat::React,
-            first_call: FirstCall::Never,
-            max_steps: 1,
-            max_decision_tokens: 200,
-            ..AgentConfig::default()
-        };
+        let mut config = AgentConfig::default()
+            .format(DecisionFormat::React)
+            .first_call(FirstCall::Never)
+            .max_steps(1)
+            .max_decision_tokens(200);
         config.decision.max_thought_chars = 0;
         config.branch_biases.call = bias;
         let driver = reagent::agent::ModelDriver::constrained(model, reagent::Sampling::Greedy, 0).unwrap();

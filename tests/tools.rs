@@ -39,12 +39,12 @@ fn the_executor_validates_arguments_with_the_schema() {
     let mut set = ToolSet::default();
     set.add(std::sync::Arc::new(FnTool::new(spec, |a| Ok(a["n"].clone())))).unwrap();
     let mut ex = Executor::new(set, Duration::from_secs(5));
-    let run = |ex: &mut Executor, args| ex.execute(ToolCall { tool: "t".into(), args }).1;
+    let run = |ex: &mut Executor, args| ex.execute(ToolCall::new("t", args)).1;
     assert_eq!(run(&mut ex, json!({"n": 3})), CallOutcome::Ok { output: "3".into() });
     assert!(matches!(run(&mut ex, json!({"n": 0})), CallOutcome::InvalidArgs { .. }));
     assert!(matches!(run(&mut ex, json!({"n": "3"})), CallOutcome::InvalidArgs { .. }));
     assert!(matches!(run(&mut ex, json!({})), CallOutcome::InvalidArgs { .. }));
-    let unknown = ex.execute(ToolCall { tool: "u".into(), args: json!({}) }).1;
+    let unknown = ex.execute(ToolCall::new("u", json!({}))).1;
     assert!(unknown.observation().contains("no tool `u`") && unknown.observation().contains("t"));
 }
 
@@ -89,7 +89,7 @@ max_output_bytes = 10
         set.add(t).unwrap();
     }
     let mut ex = Executor::new(set, Duration::from_secs(10));
-    let mut run = |tool: &str, args| ex.execute(ToolCall { tool: tool.into(), args }).1;
+    let mut run = |tool: &str, args| ex.execute(ToolCall::new(tool, args)).1;
     assert_eq!(run("echo_args", json!({"text": "hi"})), CallOutcome::Ok { output: r#"{"text":"hi"}"#.into() });
     let e = run("fails", json!({})).observation();
     assert!(e.contains("exit status: 3") && e.contains("broken"), "{e}");
@@ -150,17 +150,17 @@ timeout_s = 0.3
     }
     let mut ex = Executor::new(set, Duration::from_secs(60));
     let t0 = std::time::Instant::now();
-    let out = ex.execute(ToolCall { tool: "forks".into(), args: json!({}) }).1;
+    let out = ex.execute(ToolCall::new("forks", json!({}))).1;
     assert_eq!(out, CallOutcome::Ok { output: "hi\n".into() });
     assert!(t0.elapsed() < Duration::from_secs(10), "the call waited for the background child");
-    let e = ex.execute(ToolCall { tool: "hangs".into(), args: json!({}) }).1.observation();
+    let e = ex.execute(ToolCall::new("hangs", json!({}))).1.observation();
     assert!(e.contains("killed after 0.3 s"), "{e}");
     // The error carries the end of stderr, where programs say what went wrong.
-    let e = ex.execute(ToolCall { tool: "noisy".into(), args: json!({}) }).1.observation();
+    let e = ex.execute(ToolCall::new("noisy", json!({}))).1.observation();
     assert!(e.contains("last-line") && !e.contains("first"), "{e}");
     // Ignoring SIGTERM and closing its output does not keep a tool alive past its timeout.
     let t0 = std::time::Instant::now();
-    let e = ex.execute(ToolCall { tool: "stubborn".into(), args: json!({}) }).1.observation();
+    let e = ex.execute(ToolCall::new("stubborn", json!({}))).1.observation();
     assert!(e.contains("killed after 0.3 s") && t0.elapsed() < Duration::from_secs(5), "{e}");
     std::thread::sleep(Duration::from_millis(200));
     #[cfg(target_os = "linux")]

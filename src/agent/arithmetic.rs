@@ -10,6 +10,7 @@ use regex::Regex;
 
 /// An equation an answer writes whose result is wrong.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Slip {
     /// The left side, as written.
     pub expression: String,

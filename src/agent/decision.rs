@@ -52,6 +52,7 @@ impl std::str::FromStr for ToolChoice {
 /// How decisions are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum DecisionFormat {
     /// reagent's ReAct JSON object `{thought, type, tool, args, answer}`, described in the system prompt;
     /// works with every model.
@@ -89,6 +90,7 @@ impl std::fmt::Display for DecisionFormat {
 /// arguments over adding an optional argument, and ending a list (an array, or a string at a comma) over
 /// adding an item. Applied where the format makes each choice at one token (the native format).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct BranchBiases {
     pub call: f32,
     pub more_calls: f32,
@@ -100,6 +102,7 @@ pub struct BranchBiases {
 
 /// Bounds and shape options of the decision grammar.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DecisionOptions {
     /// Maximum characters of `thought`.
     pub max_thought_chars: usize,
@@ -129,9 +132,21 @@ impl Default for DecisionOptions {
     }
 }
 
+setters!(DecisionOptions {
+    max_thought_chars: usize,
+    max_string_chars: usize,
+    max_array_items: usize,
+    max_nested_items: usize,
+    parallel_calls: Option<usize>,
+    max_answer_tokens: usize,
+});
+
+setters!(BranchBiases { call: f32, more_calls: f32, close: f32, end_list: f32 });
+
 /// A parsed decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Decision {
     CallTool { thought: String, tool: String, args: Value },
     CallTools { thought: String, calls: Vec<ToolCall> },
@@ -372,6 +387,7 @@ pub struct DecisionValidator {
 
 /// Why a reply is not a valid decision: the text the model is shown when the step is retried.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecisionError {
     /// The reply is not JSON.
     #[error("not valid JSON: {0}")]

@@ -12,7 +12,7 @@ use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
 use super::native::{self, NativeTokens};
 use crate::decode::constraint::{Allowed, BranchBias, BranchPoint, Constraint, Grammar, GrammarEngine};
-use crate::decode::generate::{generate_continuing, FinishReason, GenerateParams, Generation, Prompt};
+use crate::decode::generate::{generate, FinishReason, GenerateParams, Generation, Request};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -21,6 +21,7 @@ use crate::text::Model;
 
 /// What a driver is asked for.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct DecisionRequest<'a> {
     pub messages: &'a [ChatMessage],
     /// The decision grammar for this step's tool choice (a JSON schema for ReAct, Lark for native).
@@ -37,12 +38,20 @@ pub struct DecisionRequest<'a> {
 
 /// A driver's output: the text, and whether generation ended on a complete decision.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DriverOutput {
     pub text: String,
     /// False when generation stopped early (token limit, context end) or, under a grammar, before the
     /// grammar was complete.
     pub complete: bool,
     pub stats: DecisionStats,
+}
+
+impl DriverOutput {
+    /// What a [`Driver`] of one's own returns: the decision's text, whether it is complete, and its stats.
+    pub fn new(text: String, complete: bool, stats: DecisionStats) -> Self {
+        Self { text, complete, stats }
+    }
 }
 
 /// Produces decisions.
@@ -164,8 +173,8 @@ impl ModelDriver {
     ) -> Result<Generation> {
         let tok = self.model.tokenizer().clone();
         let stops = self.model.stop_tokens().to_vec();
-        let at = Prompt { tokens: prompt, cached };
-        let generated = generate_continuing(&mut self.model, &tok, &stops, at, params, constraint, &mut |_| {});
+        let request = Request::new(prompt).cached(cached).stop_tokens(&stops).constraint(constraint);
+        let generated = generate(&mut self.model, &tok, request, params, &mut |_| {});
         let in_cache = self.model.cache_len();
         self.cached = match &generated {
             Ok(g) => prompt.iter().chain(&g.tokens).copied().take(in_cache).collect(),

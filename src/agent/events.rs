@@ -9,6 +9,7 @@ use crate::tools::{CallOutcome, ToolCall};
 
 /// Token counts and time of one decision's generation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct DecisionStats {
     /// Prompt tokens of this decision.
     pub prompt_tokens: usize,
@@ -37,6 +38,7 @@ impl DecisionStats {
 /// Something that happened during a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AgentEvent {
     /// A tool's argument schema could not be compiled into the decision grammar (llguidance refused it):
     /// its arguments are decoded under a looser schema and checked against the tool's own after
@@ -135,6 +137,7 @@ impl<F: FnMut(&AgentEvent) + Send> EventSink for F {
 /// Why a run ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StopReason {
     /// The model gave a final answer.
     FinalAnswer,
@@ -150,7 +153,8 @@ pub enum StopReason {
     DriverError { message: String },
     /// Every answer the model gave repeated the error of a failed call: what failed, said plainly.
     ToolFailed { tool: String, error: String },
-    /// An interrupt was requested ([`crate::limits::request_interrupt`]: the CLI's Ctrl-C).
+    /// The run was cancelled: its [`Cancel`](crate::limits::Cancel) handle, or the process-wide interrupt
+    /// ([`crate::limits::request_interrupt`]: the CLI's Ctrl-C).
     Interrupted,
 }
 
@@ -175,6 +179,7 @@ impl std::fmt::Display for StopReason {
 
 /// One executed tool call of a step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct CallRecord {
     pub call: ToolCall,
     pub outcome: CallOutcome,
@@ -182,6 +187,7 @@ pub struct CallRecord {
 
 /// One step: the decision, what its calls returned, and how it was produced.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Step {
     pub decision: Decision,
     pub calls: Vec<CallRecord>,
@@ -198,6 +204,7 @@ pub struct Step {
 
 /// Totals over a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct RunStats {
     pub decisions: usize,
     pub retries: usize,
@@ -209,6 +216,7 @@ pub struct RunStats {
 
 /// What a run returns.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct Transcript {
     pub task: String,
     pub steps: Vec<Step>,

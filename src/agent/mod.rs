@@ -8,7 +8,7 @@
 //! use reagent::{catalog, LoadOptions, Model, Sampling, ToolChoice};
 //!
 //! # fn main() -> reagent::Result<()> {
-//! let path = catalog::resolve(&catalog::Catalog::builtin(), "qwen2.5-coder-0.5b", true, &Default::default())?;
+//! let path = catalog::resolve(&catalog::Catalog::builtin(), "qwen2.5-coder-0.5b", &Default::default())?;
 //! let model = Model::load(&path, &LoadOptions::default())?;
 //! let mut agent = Agent::builder()
 //!     .driver(ModelDriver::constrained(model, Sampling::Greedy, 0)?)
@@ -24,6 +24,7 @@
 pub mod arithmetic;
 pub mod decision;
 pub mod driver;
+mod event_log;
 pub mod events;
 pub mod grounding;
 pub mod native;
@@ -39,16 +40,19 @@ pub use crate::catalog::Profile;
 pub use crate::tools::ToolCall;
 pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
+pub use event_log::EventLog;
 pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
 
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
+use crate::limits::Cancel;
 use crate::text::chat::ChatMessage;
 use crate::tools::{Executor, Interceptor, Tool, ToolSet};
 use run::StepGrammar;
 
 /// Settings of a run.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AgentConfig {
     pub tool_choice: ToolChoice,
     /// How decisions are written: reagent's ReAct object or the model's own call syntax.
@@ -134,9 +138,32 @@ impl Default for AgentConfig {
     }
 }
 
+setters!(AgentConfig {
+    tool_choice: ToolChoice,
+    format: DecisionFormat,
+    branch_biases: BranchBiases,
+    max_steps: usize,
+    max_retries: usize,
+    decision: DecisionOptions,
+    max_decision_tokens: usize,
+    repeat_limit: usize,
+    token_budget: Option<usize>,
+    tool_timeout: Duration,
+    system_prompt: Option<String>,
+    first_call: FirstCall,
+    call_after_error: bool,
+    abstain_below: Option<f32>,
+    keep_named_tool_calls: bool,
+    propose_more_calls: bool,
+    drop_unstated_options: bool,
+    drop_unstated_calls: bool,
+    check_arithmetic: bool,
+});
+
 /// Under `auto`, whether the first decision of a run must call a tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FirstCall {
     /// The model chooses between calling and answering.
     Never,
@@ -237,6 +264,7 @@ pub struct AgentBuilder {
     profile: crate::catalog::Profile,
     interceptors: Vec<Box<dyn Interceptor>>,
     sink: Option<Box<dyn EventSink>>,
+    cancel: Cancel,
 }
 
 impl AgentBuilder {
@@ -301,6 +329,12 @@ impl AgentBuilder {
         self.sink = Some(Box::new(sink));
         self
     }
+    /// The handle that stops this agent's runs (default: a handle of its own, [`Agent::cancel_handle`]);
+    /// give one handle to several agents to stop them together.
+    pub fn cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = cancel;
+        self
+    }
 
     pub fn build(mut self) -> Result<Agent> {
         let driver = self.driver.ok_or_else(|| Error::param("agent", "it needs a driver or a model"))?;
@@ -327,7 +361,8 @@ impl AgentBuilder {
         for i in self.interceptors {
             executor.intercept(i);
         }
-        let mut agent = Agent { driver, executor, grammar_specs, config: self.config, sink: self.sink };
+        let mut agent =
+            Agent { driver, executor, grammar_specs, config: self.config, sink: self.sink, cancel: self.cancel };
         for (tool, reason) in relaxed {
             agent.emit(AgentEvent::ArgsRelaxed { tool, reason });
         }
@@ -402,11 +437,20 @@ pub struct Agent {
     grammar_specs: Vec<crate::tools::ToolSpec>,
     config: AgentConfig,
     sink: Option<Box<dyn EventSink>>,
+    cancel: Cancel,
 }
 
 impl Agent {
     pub fn builder() -> AgentBuilder {
         AgentBuilder::default()
+    }
+
+    /// A handle that stops this agent's run from another thread: generation ends between tokens, a
+    /// running tool is stopped (a program tool's process group killed), and the run ends with
+    /// [`StopReason::Interrupted`]. It stays cancelled, and later runs stop at once, until
+    /// [`reset`](Cancel::reset).
+    pub fn cancel_handle(&self) -> Cancel {
+        self.cancel.clone()
     }
 
     /// The settings.

@@ -41,6 +41,7 @@ pub const FENCE_CLOSE: &str = "\n```";
 
 /// The tokens where a native decision branches, when the tokenizer has the call markers as single tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NativeTokens {
     /// Tokens that can start a call: the open marker and the tokens that are prefixes of [`FENCE_OPEN`].
     pub call_starts: Vec<u32>,
@@ -56,6 +57,7 @@ pub struct NativeTokens {
 /// string's closing quote in the same token (`"}`, `",`): a string often ends in one token with what
 /// follows it, and inside a string a bare comma goes on with the string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ValueEnds {
     pub close_object: [Vec<u32>; 2],
     pub close_array: [Vec<u32>; 2],

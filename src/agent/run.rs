@@ -129,6 +129,11 @@ impl Agent {
     /// [`run`](Self::run) for a conversation: its system messages are added to the agent's system prompt,
     /// the other turns follow it.
     pub fn run_conversation(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
+        let cancel = self.cancel.clone();
+        cancel.scope(|| self.run_in_scope(conversation))
+    }
+
+    fn run_in_scope(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
         let task = conversation
             .iter()
             .rev()

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, ModelDriver, Profile, StopReason};
+use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, EventLog, ModelDriver, Profile, StopReason};
 use reagent::eval::{finished_ids, load_tasks, run_eval, unknown_fields, EvalOptions, Summary};
 use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
 use reagent::tools::{builtin_tools, read_tools_file, BuiltinOptions, Tool};
@@ -23,7 +23,7 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let sampling = Sampling::from_params(a.temperature, None, None)?;
     let mut config = run_config(&a)?;
     let tools = run_tools(&a)?;
-    let mut trace = a.trace.as_deref().map(Trace::create).transpose()?;
+    let trace = a.trace.as_deref().map(EventLog::create).transpose()?;
     let model = load(&a.model)?;
     let mut driver = match a.agent.no_grammar {
         true => ModelDriver::free_form(model, sampling, a.seed),
@@ -35,18 +35,20 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     let (json, colour) = (a.json, std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    let mut events = trace.as_ref().map(Trace::events).transpose()?;
+    let events = trace.clone();
     let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
-        let line = serde_json::to_string(e).unwrap_or_default();
-        // The trace gets every event as it happens, flushed, so an interrupted run keeps what it did.
-        if let Some(t) = &mut events {
-            if let Err(err) = writeln!(t, "{line}").and_then(|_| t.flush()) {
+        // The trace gets every event as it happens, so an interrupted run keeps what it did; a run that
+        // cannot keep its trace stops.
+        if let Some(t) = &events {
+            t.write_event(e);
+            if let Some(err) = t.take_error() {
                 eprintln!("error: writing the trace: {err}");
                 std::process::exit(2);
             }
         }
         match json {
-            true => writeln!(std::io::stdout().lock(), "{line}").unwrap_or_else(|e| stdout_failed(e)),
+            true => writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).unwrap_or_default())
+                .unwrap_or_else(|e| stdout_failed(e)),
             false => display::show_event(e, colour),
         }
     });
@@ -55,9 +57,10 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     }
     let mut agent = builder.build()?;
     let transcript = agent.run(&a.task)?;
-    drop(agent); // the sink, and with it the event handle on the trace, is handed back
-    if let Some(t) = &mut trace {
-        t.finish(&transcript)?;
+    drop(agent);
+    if let Some(t) = &trace {
+        t.write_transcript(&transcript);
+        t.take_error().map_or(Ok(()), Err)?;
     }
     if !json {
         match &transcript.final_answer {
@@ -76,12 +79,12 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
 
 /// The tools `run` offers: the built-ins `--builtin` selects, then those of each tools file.
 fn run_tools(a: &RunArgs) -> Result<Vec<Arc<dyn Tool>>> {
-    let mut tools = builtin_tools(&BuiltinOptions {
-        root: a.agent.root.clone(),
-        allow_write: a.allow_write,
-        read_hard_links: a.read_hard_links,
-        ..Default::default()
-    })?;
+    let mut tools = builtin_tools(
+        &BuiltinOptions::default()
+            .root(a.agent.root.clone())
+            .allow_write(a.allow_write)
+            .read_hard_links(a.read_hard_links),
+    )?;
     if !a.builtin.is_empty() {
         let known: Vec<String> = tools.iter().map(|t| t.spec().name.clone()).collect();
         if let Some(bad) = a.builtin.iter().find(|b| *b != "none" && !known.contains(b)) {
@@ -139,34 +142,8 @@ fn run_config(a: &RunArgs) -> Result<AgentConfig> {
     let tool_timeout =
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
     let base = a.agent.config()?;
-    Ok(AgentConfig {
-        decision: reagent::DecisionOptions { max_string_chars: a.max_string_chars, ..base.decision },
-        max_decision_tokens: a.max_decision_tokens,
-        tool_timeout,
-        ..base
-    })
-}
-
-/// `--trace`: every event as a JSON line, flushed as it happens, then the transcript.
-struct Trace {
-    file: BufWriter<File>,
-}
-
-impl Trace {
-    fn create(path: &Path) -> Result<Trace> {
-        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Trace { file: BufWriter::new(file) })
-    }
-
-    /// A second handle on the file for the event sink, which the agent owns until the run ends.
-    fn events(&self) -> Result<BufWriter<File>> {
-        Ok(BufWriter::new(self.file.get_ref().try_clone().context("opening the trace")?))
-    }
-
-    fn finish(&mut self, transcript: &reagent::Transcript) -> Result<()> {
-        writeln!(self.file, "{}", serde_json::to_string(&serde_json::json!({ "transcript": transcript }))?)?;
-        Ok(self.file.flush()?)
-    }
+    let decision = base.decision.clone().max_string_chars(a.max_string_chars);
+    Ok(base.decision(decision).max_decision_tokens(a.max_decision_tokens).tool_timeout(tool_timeout))
 }
 
 /// `reagent eval`: each task's result line appended to `--out`, the summary printed (and written as JSON).
@@ -185,7 +162,7 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     // ends where an uninterrupted one would.
     opts.limit = opts.limit.map(|l| l.saturating_sub(done.len()));
     // Loaded in dry runs too: a task's `tools` are offered (not run) under their own descriptions.
-    let mut tools = builtin_tools(&BuiltinOptions { root: a.agent.root.clone(), ..Default::default() })?;
+    let mut tools = builtin_tools(&BuiltinOptions::default().root(a.agent.root.clone()))?;
     add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
     let model = load(&a.model)?;
     let driver: Box<dyn Driver> = match a.agent.no_grammar {
@@ -264,11 +241,10 @@ fn lock_exclusive(file: &File) -> Result<()> {
 
 /// The eval options of `eval`'s flags but the decision settings, which depend on the model.
 fn eval_options(a: &EvalArgs) -> Result<EvalOptions> {
-    Ok(EvalOptions {
-        dry_run: a.dry_run,
-        limit: a.limit,
-        reuse_across_tasks: a.reuse_across_tasks,
-        events: a.trace.as_deref().map(reagent::eval::EventLog::create).transpose()?,
-        agent: a.agent.config()?,
-    })
+    Ok(EvalOptions::default()
+        .dry_run(a.dry_run)
+        .limit(a.limit)
+        .reuse_across_tasks(a.reuse_across_tasks)
+        .events(a.trace.as_deref().map(EventLog::create).transpose()?)
+        .agent(a.agent.config()?))
 }

@@ -173,13 +173,11 @@ impl AgentArgs {
     /// The agent settings these flags give (the decision format and biases come from
     /// [`DecisionArgs::resolve`], once the driver is known).
     pub(crate) fn config(&self) -> Result<reagent::AgentConfig> {
-        Ok(reagent::AgentConfig {
-            tool_choice: self.tool_choice.parse()?,
-            max_steps: self.max_steps,
-            max_retries: self.max_retries,
-            decision: reagent::DecisionOptions { parallel_calls: self.parallel_calls, ..Default::default() },
-            ..reagent::AgentConfig::default()
-        })
+        Ok(reagent::AgentConfig::default()
+            .tool_choice(self.tool_choice.parse()?)
+            .max_steps(self.max_steps)
+            .max_retries(self.max_retries)
+            .decision(reagent::DecisionOptions::default().parallel_calls(self.parallel_calls)))
     }
 }
 

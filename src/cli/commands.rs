@@ -23,7 +23,7 @@ pub(super) fn tokenize(a: TokenizeArgs) -> Result<()> {
 /// `reagent bench`: prefill and decode throughput, or constrained against free decoding.
 pub(super) fn bench(a: BenchArgs, threads: usize) -> Result<()> {
     let mut model = load(&a.model)?;
-    let params = reagent::bench::BenchParams { prompt_tokens: a.prompt_tokens, gen_tokens: a.gen_tokens, runs: a.runs };
+    let params = reagent::bench::BenchParams::new(a.prompt_tokens, a.gen_tokens, a.runs);
     if a.constrained {
         let r = reagent::bench::run_constrained(&mut model, &params, threads)?;
         match a.json {
@@ -70,7 +70,7 @@ pub(super) fn models(cmd: ModelsCmd) -> Result<()> {
             out!("{}", path.display());
         }
         ModelsCmd::Path { name, no_fetch } => {
-            let path = catalog::resolve(&cat, &name, !no_fetch, &opts)?;
+            let path = catalog::resolve(&cat, &name, &opts.download(!no_fetch))?;
             out!("{}", path.display());
         }
     }
@@ -89,13 +89,8 @@ pub(super) fn generate(a: GenerateArgs) -> Result<ExitCode> {
     let mut model = load(&a.model)?;
     let tok = model.tokenizer().clone();
     let prompt = prompt_ids(&a, &model)?;
-    let params = GenerateParams {
-        max_tokens: a.max_tokens,
-        sampling,
-        seed: a.seed,
-        stop_strings: a.stop.clone(),
-        ..GenerateParams::default()
-    };
+    let params =
+        GenerateParams::default().max_tokens(a.max_tokens).sampling(sampling).seed(a.seed).stop_strings(a.stop.clone());
     let stops = model.stop_tokens().to_vec();
     // Compile the grammar before generating anything, so a bad grammar fails fast and cleanly.
     let mut constraint = match &grammar {
@@ -107,13 +102,19 @@ pub(super) fn generate(a: GenerateArgs) -> Result<ExitCode> {
     };
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
-    let out = reagent::generate_with(&mut model, &tok, &stops, &prompt, &params, constraint.as_mut(), &mut |t| {
-        if write_err.is_none() {
-            if let Err(e) = stdout.write_all(t.as_bytes()).and_then(|_| stdout.flush()) {
-                write_err = Some(e);
+    let out = reagent::generate(
+        &mut model,
+        &tok,
+        reagent::Request::new(&prompt).stop_tokens(&stops).constraint(constraint.as_mut()),
+        &params,
+        &mut |t| {
+            if write_err.is_none() {
+                if let Err(e) = stdout.write_all(t.as_bytes()).and_then(|_| stdout.flush()) {
+                    write_err = Some(e);
+                }
             }
-        }
-    })?;
+        },
+    )?;
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }

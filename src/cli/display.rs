@@ -167,6 +167,8 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
         CallRequired { reason, .. } => paint("2", format!("[a tool call is required: {reason}]")),
         FinalAnswer { answer, .. } => paint("1;32", format!("answer: {answer}")),
         RunFailed { reason } => paint("31", format!("stopped: {reason}")),
+        // An event this display does not know yet (the enum is non-exhaustive): it is in `--json`.
+        _ => return,
     };
     eprintln!("{line}");
 }

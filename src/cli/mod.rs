@@ -3,11 +3,13 @@
 //! task ran but did not succeed, 2 usage or I/O errors, 130 interrupted).
 
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use anyhow::Result;
 use clap::Parser;
 
 use reagent::catalog::{self, Catalog, FetchOptions};
+use reagent::limits::Cancel;
 use reagent::{LoadOptions, Model};
 
 /// `println!` that returns the write's error (a closed pipe: a quiet exit 0; a full disk: an `error:` line).
@@ -73,14 +75,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Tokenize(a) => commands::tokenize(a)?,
         Cmd::Generate(a) => return commands::generate(a),
         Cmd::Bench(a) => commands::bench(a, threads)?,
-        Cmd::Run(a) => {
-            stop_on_signals();
-            return agent::run_agent(a);
-        }
+        Cmd::Run(a) => return stop_on_signals().scope(|| agent::run_agent(a)),
         Cmd::Eval(a) => {
-            stop_on_signals();
-            agent::eval(a)?;
-            if reagent::limits::interrupted() {
+            let cancel = stop_on_signals();
+            cancel.scope(|| agent::eval(a))?;
+            if cancel.is_cancelled() {
                 return Ok(ExitCode::from(INTERRUPTED_EXIT));
             }
         }
@@ -92,9 +91,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn load(a: &ModelArgs) -> Result<Model> {
     let cat = Catalog::builtin();
     let name = a.model.clone().unwrap_or_else(|| cat.default.clone());
-    let path = catalog::resolve(&cat, &name, true, &FetchOptions::default())?;
-    let opts =
-        LoadOptions { max_context: a.context, tokenizer_json: a.tokenizer_json.clone(), ..LoadOptions::default() };
+    let path = catalog::resolve(&cat, &name, &FetchOptions::default())?;
+    let opts = LoadOptions::default().max_context(a.context).tokenizer_json(a.tokenizer_json.clone());
     Ok(Model::load(&path, &opts)?)
 }
 
@@ -108,24 +106,29 @@ fn stdout_failed(e: std::io::Error) -> ! {
     std::process::exit(2);
 }
 
-/// Ctrl-C and SIGTERM ask the run to stop cleanly (`reagent::limits::request_interrupt`: generation
-/// ends, a tool's process group is killed, the trace gets the transcript, an eval stops before its next
-/// task); a second one ends the process at once. Exit code 130 after an interrupt.
-fn stop_on_signals() {
+/// Ctrl-C and SIGTERM cancel the returned handle (run the command in its scope): generation ends, a
+/// tool's process group is killed, the trace gets the transcript, an eval stops before its next task. A
+/// second one ends the process at once. Exit code 130 after an interrupt.
+fn stop_on_signals() -> Cancel {
+    static CANCEL: OnceLock<Cancel> = OnceLock::new();
+    let cancel = CANCEL.get_or_init(Cancel::new).clone();
     #[cfg(unix)]
     {
         extern "C" fn on_signal(_: libc::c_int) {
-            if reagent::limits::interrupted() {
+            let Some(cancel) = CANCEL.get() else { return };
+            if cancel.is_cancelled() {
                 // SAFETY: _exit is async-signal-safe.
                 unsafe { libc::_exit(130) };
             }
-            reagent::limits::request_interrupt();
+            cancel.cancel();
         }
         let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        // SAFETY: the handler only touches an atomic and calls _exit, both async-signal-safe.
+        // SAFETY: the handler only reads an initialized OnceLock, touches an atomic and calls _exit, all
+        // async-signal-safe.
         unsafe {
             libc::signal(libc::SIGINT, handler);
             libc::signal(libc::SIGTERM, handler);
         }
     }
+    cancel
 }

@@ -265,6 +265,7 @@ impl GrammarEngine {
 
 /// Per-generation statistics of constrained decoding.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ConstraintStats {
     /// Time of each mask computation.
     pub mask_times: Vec<Duration>,
@@ -300,6 +301,7 @@ pub enum BranchPoint {
 /// ([`ConstraintStats::branch_margins`]), so thresholds can be tuned offline from one run made with a
 /// large bias. A point where only one side is allowed is not a branch and is skipped.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BranchBias {
     /// What the choice is (`call`, `stop`, …): copied into the recorded margins.
     pub label: &'static str,
@@ -313,6 +315,26 @@ pub struct BranchBias {
     /// A further condition on the tokens the grammar allows here (inside a JSON string, where a lone
     /// closing quote is allowed, or outside one).
     pub when: Allowed,
+}
+
+impl BranchBias {
+    /// `bias` on the tokens `tokens` at `at` (one-sided, wherever the grammar allows them); `label` names the
+    /// choice in the recorded margins.
+    pub fn new(label: &'static str, at: BranchPoint, tokens: Vec<u32>, bias: f32) -> Self {
+        Self { label, at, tokens, against: None, bias, when: Allowed::Always }
+    }
+    /// Decides between `tokens` and these (see [`against`](Self::against)).
+    #[must_use]
+    pub fn against(mut self, other: Vec<u32>) -> Self {
+        self.against = Some(other);
+        self
+    }
+    /// Applies only where the allowed tokens meet `when`.
+    #[must_use]
+    pub fn when(mut self, when: Allowed) -> Self {
+        self.when = when;
+        self
+    }
 }
 
 /// A condition on the tokens the grammar allows at a point, for a [`BranchBias`] to apply there.
@@ -346,6 +368,7 @@ impl Allowed {
 
 /// One application of a [`BranchBias`]: its label and the margin before the bias.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[non_exhaustive]
 pub struct BranchMargin {
     pub label: &'static str,
     pub margin: f32,

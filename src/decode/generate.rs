@@ -20,6 +20,7 @@ pub const CLOSE_WITHIN: usize = 32;
 
 /// Parameters of one generation.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct GenerateParams {
     pub max_tokens: usize,
     pub sampling: Sampling,
@@ -46,9 +47,19 @@ impl Default for GenerateParams {
     }
 }
 
+setters!(GenerateParams {
+    max_tokens: usize,
+    sampling: Sampling,
+    seed: u64,
+    stop_strings: Vec<String>,
+    ignore_eos: bool,
+    close_within: usize,
+});
+
 /// Why generation ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
+#[non_exhaustive]
 pub enum FinishReason {
     /// The model emitted a stop token (not included in the text).
     StopToken { token: u32 },
@@ -60,12 +71,14 @@ pub enum FinishReason {
     ContextFull,
     /// The grammar is complete and admits nothing more.
     GrammarComplete,
-    /// An interrupt was requested ([`crate::limits::request_interrupt`]).
+    /// An interrupt was requested ([`crate::limits::interrupted`]: a [`Cancel`](crate::limits::Cancel)
+    /// handle in scope, or the process-wide interrupt).
     Interrupted,
 }
 
 /// Timing and token counts of one generation.
 #[derive(Debug, Clone, Default, Serialize)]
+#[non_exhaustive]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
     /// Prompt tokens that were already in the KV cache (not recomputed).
@@ -101,8 +114,9 @@ pub(crate) fn rate(n: usize, d: Duration) -> f64 {
     }
 }
 
-/// The result of [`generate`].
+/// The result of a generation.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Generation {
     pub text: String,
     pub tokens: Vec<u32>,
@@ -122,54 +136,60 @@ pub fn prefill(model: &mut dyn LanguageModel, prompt: &[u32], pos: usize) -> Res
     Ok(logits)
 }
 
-/// Generates from `prompt` on a fresh cache. `on_text` receives text as soon as it is complete UTF-8 and
-/// cannot be the start of a stop string.
+/// What a token-level generation starts from: the prompt's tokens, how many of them the model's KV cache
+/// already holds, the tokens that end it, and the grammar it follows.
+///
+/// ```ignore
+/// let req = Request::new(&prompt).stop_tokens(model.stop_tokens()).constraint(Some(&mut constraint));
+/// ```
+#[non_exhaustive]
+pub struct Request<'a> {
+    pub tokens: &'a [u32],
+    /// The first this many tokens are already in the KV cache (kept from an earlier call): only the rest
+    /// is computed. At least the last prompt token is always run, since its logits start the generation.
+    pub cached: usize,
+    /// Tokens that end the generation (not included in its text).
+    pub stop_tokens: &'a [u32],
+    /// Forced tokens are appended with one batched forward pass, every sampled token is drawn from the
+    /// grammar's mask, and generation ends when the grammar is complete (or accepts and the model picks a
+    /// stop token).
+    pub constraint: Option<&'a mut Constraint>,
+}
+
+impl<'a> Request<'a> {
+    /// `tokens` on a fresh cache, no stop tokens, no grammar.
+    pub fn new(tokens: &'a [u32]) -> Self {
+        Self { tokens, cached: 0, stop_tokens: &[], constraint: None }
+    }
+    #[must_use]
+    pub fn cached(mut self, n: usize) -> Self {
+        self.cached = n;
+        self
+    }
+    #[must_use]
+    pub fn stop_tokens(mut self, stops: &'a [u32]) -> Self {
+        self.stop_tokens = stops;
+        self
+    }
+    #[must_use]
+    pub fn constraint(mut self, c: Option<&'a mut Constraint>) -> Self {
+        self.constraint = c;
+        self
+    }
+}
+
+/// Generates from a [`Request`] at the token level: prefill (of what the cache does not hold), then one
+/// token at a time until a stop token, a stop string, the grammar's end, the token limit or the end of
+/// the context. `on_text` receives text as soon as it is complete UTF-8 and cannot be the start of a stop
+/// string. [`Model::generate`](crate::Model::generate) is the short way, from text or chat messages.
 pub fn generate(
     model: &mut dyn LanguageModel,
     tok: &Tokenizer,
-    stop_tokens: &[u32],
-    prompt: &[u32],
+    request: Request<'_>,
     params: &GenerateParams,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generation> {
-    generate_with(model, tok, stop_tokens, prompt, params, None, on_text)
-}
-
-/// [`generate`], optionally under a grammar [`Constraint`]: forced tokens are appended with one batched
-/// forward pass, every sampled token is drawn from the grammar's mask, and generation ends when the
-/// grammar is complete (or accepts and the model picks a stop token).
-pub fn generate_with(
-    model: &mut dyn LanguageModel,
-    tok: &Tokenizer,
-    stop_tokens: &[u32],
-    prompt: &[u32],
-    params: &GenerateParams,
-    constraint: Option<&mut Constraint>,
-    on_text: &mut dyn FnMut(&str),
-) -> Result<Generation> {
-    generate_continuing(model, tok, stop_tokens, Prompt { tokens: prompt, cached: 0 }, params, constraint, on_text)
-}
-
-/// A prompt of which the first `cached` tokens are already in the model's KV cache.
-#[derive(Debug, Clone, Copy)]
-pub struct Prompt<'a> {
-    pub tokens: &'a [u32],
-    pub cached: usize,
-}
-
-/// [`generate_with`] when the model's KV cache already holds a prefix of the prompt (kept from an earlier
-/// call): only the rest is computed. At least the last prompt token is always run, since its logits start
-/// the generation.
-pub fn generate_continuing(
-    model: &mut dyn LanguageModel,
-    tok: &Tokenizer,
-    stop_tokens: &[u32],
-    prompt: Prompt<'_>,
-    params: &GenerateParams,
-    mut constraint: Option<&mut Constraint>,
-    on_text: &mut dyn FnMut(&str),
-) -> Result<Generation> {
-    let Prompt { tokens: prompt, cached } = prompt;
+    let Request { tokens: prompt, cached, stop_tokens, mut constraint } = request;
     let capacity = model.context_length();
     if prompt.len() >= capacity {
         return Err(Error::ContextOverflow { needed: prompt.len() + 1, capacity });

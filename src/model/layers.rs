@@ -493,6 +493,7 @@ impl GatedMlp {
 
 /// Reads a GGUF `{arch}.*` hyper-parameter set common to the decoder-only transformers.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Hparams {
     pub layers: usize,
     pub dim: usize,

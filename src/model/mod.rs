@@ -63,6 +63,7 @@ pub trait LanguageModel {
 
 /// The supported architectures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Arch {
     Llama,
     Qwen2,
@@ -108,6 +109,7 @@ pub(crate) trait Network: Send {
 
 /// Options for [`crate::text::Model::load`] (the tokenizer option is read there).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LoadOptions {
     /// Where tensors live.
     pub device: Device,
@@ -133,8 +135,17 @@ impl Default for LoadOptions {
     }
 }
 
+setters!(LoadOptions {
+    device: Device,
+    max_context: Option<usize>,
+    tokenizer_json: Option<PathBuf>,
+    f32_reference: bool,
+    huge_pages: bool,
+});
+
 /// Facts about a loaded model.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ModelInfo {
     pub path: PathBuf,
     pub arch: Arch,

@@ -64,6 +64,7 @@ pub enum Role {
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ChatMessage {
     pub role: Role,
     pub content: String,

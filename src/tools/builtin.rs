@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 
 /// Which built-ins to create, and where the file tools may look.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct BuiltinOptions {
     /// The directory `read_file`, `list_dir` and `write_file` are confined to.
     pub root: PathBuf,
@@ -32,6 +33,8 @@ impl Default for BuiltinOptions {
         Self { root: PathBuf::from("."), allow_write: false, max_read_bytes: 64 * 1024, read_hard_links: false }
     }
 }
+
+setters!(BuiltinOptions { root: PathBuf, allow_write: bool, max_read_bytes: usize, read_hard_links: bool });
 
 /// The built-in tools.
 pub fn builtin_tools(opts: &BuiltinOptions) -> Result<Vec<Arc<dyn Tool>>> {

@@ -33,6 +33,7 @@ pub trait Interceptor: Send {
 /// How a call ended.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CallOutcome {
     /// The tool returned a result.
     Ok { output: String },
@@ -182,8 +183,11 @@ enum Ran {
 /// tools kill their own child process on their own timeout).
 fn run_with_timeout(tool: Arc<dyn Tool>, args: Value, timeout: Duration) -> Ran {
     let (tx, rx) = mpsc::channel();
+    // The tool sees the cancellation handles of the run that called it.
+    let scopes = crate::limits::current_scopes();
     let spawned = std::thread::Builder::new().name("reagent-tool".into()).spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tool.call(&args)));
+        let call = || crate::limits::in_scopes(&scopes, || tool.call(&args));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
         // Let go of the tool before answering: the agent may drop its own handle right after, and the
         // last handle's drop (an MCP server's shutdown) must not be left to a thread nobody waits for.
         drop(tool);

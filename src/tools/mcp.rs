@@ -36,6 +36,7 @@ use crate::error::{Error, Result};
 /// How to start one MCP server (an `[[mcp]]` entry of a tools file, or `--mcp 'COMMAND ARG…'`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct McpConfig {
     /// The server's name: in messages, and as the prefix of its tools' names where they clash.
     pub name: String,
@@ -58,7 +59,22 @@ fn default_timeout_s() -> f64 {
     30.0
 }
 
+setters!(McpConfig { args: Vec<String>, env: BTreeMap<String, String>, timeout_s: f64, tools: Option<Vec<String>> });
+
 impl McpConfig {
+    /// A server `name` started as `command` (no arguments, reagent's environment, a 30 s timeout, all its
+    /// tools); the setters add the rest.
+    pub fn new(name: impl Into<String>, command: impl Into<String>) -> Self {
+        McpConfig {
+            name: name.into(),
+            command: command.into(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            timeout_s: default_timeout_s(),
+            tools: None,
+        }
+    }
+
     /// From a command line as a shell would split it (`npx -y @modelcontextprotocol/server-everything`);
     /// the name is the server package's or program's, without `server-`/`mcp-server-` (`everything`).
     pub fn from_command_line(line: &str) -> Result<McpConfig> {

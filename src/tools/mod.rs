@@ -39,13 +39,22 @@ pub(crate) fn kill_process_group(pid: u32) {
 
 /// One tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolCall {
     pub tool: String,
     pub args: Value,
 }
 
+impl ToolCall {
+    /// A call of `tool` with `args` (a JSON object).
+    pub fn new(tool: impl Into<String>, args: Value) -> Self {
+        Self { tool: tool.into(), args }
+    }
+}
+
 /// A tool's public description: its name, what it does, and the JSON schema of its arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
@@ -150,6 +159,7 @@ pub trait Tool: Send + Sync {
 
 /// What a request still needs a tool for ([`Tool::needed_for`]).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Need {
     /// Why, as the events say it ("the request names `notes.txt`").
     pub reason: String,
@@ -161,6 +171,18 @@ pub struct Need {
 }
 
 impl Need {
+    /// A need met by any call (narrow it with [`calls`](Self::calls)); `at`: where the request names it.
+    pub fn new(reason: impl Into<String>, at: usize) -> Self {
+        Self { reason: reason.into(), at, calls: Vec::new() }
+    }
+
+    /// Met only by these calls (tool specs narrowed to them).
+    #[must_use]
+    pub fn calls(mut self, calls: Vec<ToolSpec>) -> Self {
+        self.calls = calls;
+        self
+    }
+
     /// A need for any tool that takes a path (a parameter named `path` or `…_path`, `file`, `filename`)
     /// when the request names something shaped like one and nothing has run yet: the first call of a tool
     /// from outside the built-ins (an MCP server's file tools), whose reach reagent does not know.
@@ -180,9 +202,16 @@ impl Need {
 
 /// A call that ran and gave a result, with its output: what a run has done so far ([`Tool::needed_for`]).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Done<'a> {
     pub call: &'a ToolCall,
     pub output: &'a str,
+}
+
+impl<'a> Done<'a> {
+    pub fn new(call: &'a ToolCall, output: &'a str) -> Self {
+        Self { call, output }
+    }
 }
 
 /// A tool from a function definition and a closure.

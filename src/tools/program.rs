@@ -108,6 +108,7 @@ pub fn timeout_from_secs(s: f64) -> std::result::Result<Duration, String> {
 }
 
 /// What a tools file declares: program tools, and MCP servers (not started yet).
+#[non_exhaustive]
 pub struct ToolsFileContents {
     pub tools: Vec<Arc<dyn Tool>>,
     pub mcp: Vec<super::mcp::McpConfig>,

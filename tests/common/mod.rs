@@ -37,8 +37,8 @@ pub fn real_model_path(name: &str) -> PathBuf {
     // One fetch at a time within a test binary; the cache's atomic rename makes binaries safe too.
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let opts = FetchOptions { progress: false, ..FetchOptions::default() };
-    catalog::resolve(&Catalog::builtin(), name, true, &opts)
+    let opts = FetchOptions::default().progress(false);
+    catalog::resolve(&Catalog::builtin(), name, &opts)
         .unwrap_or_else(|e| panic!("model `{name}` is needed by this test and could not be fetched: {e}"))
 }
 
