@@ -62,9 +62,9 @@ pub struct EvalTask {
     /// Texts the final answer must contain, compared without case (a string or a list).
     #[serde(default, deserialize_with = "one_or_many")]
     pub expected_answer: Option<Vec<String>>,
-    /// Fields of the line that reagent does not know.
-    #[serde(flatten, skip_serializing)]
-    pub unknown: BTreeMap<String, Value>,
+    /// The names of the line's fields that reagent does not know.
+    #[serde(skip)]
+    pub unknown: Vec<String>,
     /// The line of the task file (1-based).
     #[serde(skip)]
     pub line: usize,
@@ -93,7 +93,7 @@ impl EvalTask {
 pub fn unknown_fields(tasks: &[EvalTask]) -> Vec<(String, usize)> {
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     for t in tasks {
-        for k in t.unknown.keys() {
+        for k in &t.unknown {
             seen.entry(k).or_insert(t.line);
         }
     }
@@ -123,16 +123,42 @@ pub fn answer_matches(expected: &[String], answer: Option<&str>) -> bool {
 
 /// Reads a task file; errors name the line.
 pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
-    let text = crate::limits::read_input(path, crate::limits::MAX_INPUT_BYTES)?;
+    // Read line by line: memory stays near the file's size plus one line, where the whole text and its
+    // parsed tasks together were twice the file.
+    let max = crate::limits::MAX_INPUT_BYTES;
+    let mut input = crate::limits::open_input(path, max)?;
     let mut tasks = Vec::new();
     let mut ids = HashSet::new();
-    for (i, line) in text.lines().enumerate() {
+    let (mut buf, mut read) = (String::new(), 0u64);
+    for i in 0.. {
+        buf.clear();
+        let n = std::io::BufRead::read_line(&mut input, &mut buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                Error::TaskLine { path: path.to_path_buf(), line: i + 1, problem: "not UTF-8 text".into() }
+            }
+            _ => Error::io(path, e),
+        })?;
+        if n == 0 {
+            break;
+        }
+        read += n as u64;
+        if read > max {
+            let problem = format!("grew past {max} bytes while being read");
+            return Err(Error::InputFile { path: path.to_path_buf(), problem });
+        }
+        let line = if i == 0 { buf.trim_start_matches('\u{feff}') } else { buf.as_str() };
         if line.trim().is_empty() {
             continue;
         }
         let bad = |problem: String| Error::TaskLine { path: path.to_path_buf(), line: i + 1, problem };
         let mut t: EvalTask = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
         t.line = i + 1;
+        // The field names alone, in a second pass (serde's `flatten` would buffer a copy of the whole line).
+        const KNOWN: [&str; 8] =
+            ["id", "category", "question", "messages", "functions", "expected", "tools", "expected_answer"];
+        let fields: BTreeMap<String, serde::de::IgnoredAny> =
+            serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        t.unknown = fields.into_keys().filter(|k| !KNOWN.contains(&k.as_str())).collect();
         if t.question.is_some() == t.messages.is_some() {
             return Err(bad("a task needs exactly one of `question` and `messages`".into()));
         }
@@ -153,6 +179,9 @@ pub fn load_tasks(path: &Path) -> Result<Vec<EvalTask>> {
             return Err(bad(format!("duplicate id `{}`", t.id)));
         }
         tasks.push(t);
+        if buf.capacity() > 1 << 20 {
+            buf = String::new(); // not kept at the size of one huge line
+        }
     }
     Ok(tasks)
 }

@@ -15,17 +15,9 @@ pub const MAX_INPUT_BYTES: u64 = 64 << 20;
 /// bytes, UTF-8; a leading byte-order mark is dropped.
 pub fn read_input(path: &std::path::Path, max: u64) -> Result<String> {
     let bad = |problem: String| Error::InputFile { path: path.to_path_buf(), problem };
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        let kind = if meta.is_dir() { "a directory" } else { "not a regular file" };
-        return Err(bad(format!("{kind}; give a file")));
-    }
-    if meta.len() > max {
-        return Err(bad(format!("{} bytes; inputs are at most {max} bytes", meta.len())));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let mut bytes = Vec::new();
     use std::io::Read;
-    std::fs::File::open(path).and_then(|f| f.take(max + 1).read_to_end(&mut bytes)).map_err(|e| Error::io(path, e))?;
+    open_input(path, max)?.read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
     if bytes.len() as u64 > max {
         return Err(bad(format!("grew past {max} bytes while being read")));
     }
@@ -35,6 +27,23 @@ pub fn read_input(path: &std::path::Path, max: u64) -> Result<String> {
         text.drain(..3);
     }
     Ok(text)
+}
+
+/// Opens a file the user named for reading as a stream, with [`read_input`]'s checks: a regular file of
+/// at most `max` bytes (the reader stops one byte past `max`, so a file that grows is seen to).
+pub fn open_input(path: &std::path::Path, max: u64) -> Result<std::io::BufReader<std::io::Take<std::fs::File>>> {
+    let bad = |problem: String| Error::InputFile { path: path.to_path_buf(), problem };
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() { "a directory" } else { "not a regular file" };
+        return Err(bad(format!("{kind}; give a file")));
+    }
+    if meta.len() > max {
+        return Err(bad(format!("{} bytes; inputs are at most {max} bytes", meta.len())));
+    }
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    Ok(std::io::BufReader::new(file.take(max + 1)))
 }
 
 /// Stack size of the threads that compile grammars and schemas: a chain of thousands of rules or `$ref`s

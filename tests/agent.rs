@@ -858,3 +858,28 @@ fn one_agent_of_two_is_cancelled_alone() {
     assert_eq!(b.steps[0].calls[0].outcome.observation(), "slow result");
     assert!(!reagent::limits::interrupted(), "the process-wide flag is untouched");
 }
+
+/// A request far over the context is refused before it is rendered or tokenized (a 50 MB task took 5 GB
+/// in the tokenizer): the run stops with `ContextOverflow` at once, before it starts its first step.
+#[test]
+fn a_request_far_over_the_context_is_refused_before_it_is_tokenized() {
+    let model = common::tiny_model(reagent::model::Arch::Qwen2);
+    let capacity = reagent::LanguageModel::context_length(&model);
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let mut agent = Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(calc())
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let task = "word ".repeat(2_000_000);
+    let t = agent.run(&task).unwrap();
+    let StopReason::ContextOverflow { needed, capacity: c } = t.stop_reason else { panic!("{:?}", t.stop_reason) };
+    assert_eq!(c, capacity);
+    assert!(needed > capacity, "{needed} > {capacity}");
+    assert!(t.steps.is_empty());
+    let events = events.lock().unwrap();
+    assert!(!events.iter().any(|e| matches!(e, AgentEvent::RunStarted { .. })), "{events:?}");
+    assert!(matches!(events.last(), Some(AgentEvent::RunFailed { .. })));
+}

@@ -83,6 +83,11 @@ pub trait Driver: Send {
     fn supports_native(&self) -> bool {
         true
     }
+    /// The fewest tokens `bytes` of text can take, and the context capacity, without tokenizing it (text
+    /// far over the context is refused before it is tokenized); `None` when unbounded.
+    fn prompt_bound(&mut self, _bytes: usize) -> Option<(usize, usize)> {
+        None
+    }
     /// Forgets what the driver keeps between decisions (a model's KV cache), so that the next decision
     /// is computed as if it were the first.
     fn forget(&mut self) {}
@@ -112,6 +117,8 @@ pub struct ModelDriver {
     native_tokens: std::sync::OnceLock<Option<NativeTokens>>,
     /// The tokens that start a ReAct decision's `type`: a call's, an answer's (a vocabulary scan, done once).
     react_tokens: std::sync::OnceLock<ReactTokens>,
+    /// The most bytes of text one token stands for (a vocabulary scan, done once).
+    longest_token: std::sync::OnceLock<usize>,
 }
 
 impl ModelDriver {
@@ -137,6 +144,7 @@ impl ModelDriver {
             reuse_prefix: true,
             native_tokens: Default::default(),
             react_tokens: Default::default(),
+            longest_token: Default::default(),
         }
     }
 
@@ -155,6 +163,13 @@ impl ModelDriver {
     /// The tokens of the last prompt (for inspection and tests).
     pub fn last_prompt(&self) -> &[u32] {
         &self.cached[..self.prompt_len.min(self.cached.len())]
+    }
+
+    fn longest_token_bytes(&self) -> usize {
+        *self.longest_token.get_or_init(|| {
+            let tok = self.model.tokenizer();
+            (0..tok.vocab_size() as u32).map(|id| tok.token_bytes(id).len()).max().unwrap_or(1).max(1)
+        })
     }
 
     fn tokens(&self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Vec<u32>> {
@@ -331,7 +346,17 @@ impl Driver for ModelDriver {
     }
 
     fn measure(&mut self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Option<(usize, usize)>> {
+        let bytes: usize = messages.iter().map(|m| m.content.len()).sum();
+        if let Some((at_least, capacity)) = self.prompt_bound(bytes).filter(|(n, c)| n > c) {
+            return Ok(Some((at_least, capacity)));
+        }
         Ok(Some((self.tokens(messages, tools)?.len(), self.model.context_length())))
+    }
+
+    /// Text longer than the context holds even at the longest token's bytes each cannot fit (the tokenizer
+    /// takes about 100 bytes of memory per byte of a 50 MB text).
+    fn prompt_bound(&mut self, bytes: usize) -> Option<(usize, usize)> {
+        Some((bytes / self.longest_token_bytes(), self.model.context_length()))
     }
 
     fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {

@@ -110,6 +110,11 @@ pub struct AgentConfig {
     /// models sum numbers they have read in their head instead of calling the calculator, and commit to a
     /// made-up result in the thought before the call.
     pub check_arithmetic: bool,
+    /// Hold a call of a tool that changes things (not [`read_only`](crate::tools::Tool::read_only)) when
+    /// a tool's output chose it rather than the user ([`grounding::chosen_by_tool_output`]): a file that
+    /// says "write pwned.txt" or "send the key to …" does not get its way. The call is not run; the model
+    /// is told why. Off where a person confirms each call (`reagent run --confirm`).
+    pub hold_untrusted_calls: bool,
 }
 
 impl Default for AgentConfig {
@@ -134,6 +139,7 @@ impl Default for AgentConfig {
             drop_unstated_options: false,
             drop_unstated_calls: false,
             check_arithmetic: true,
+            hold_untrusted_calls: true,
         }
     }
 }
@@ -158,6 +164,7 @@ setters!(AgentConfig {
     drop_unstated_options: bool,
     drop_unstated_calls: bool,
     check_arithmetic: bool,
+    hold_untrusted_calls: bool,
 });
 
 /// Under `auto`, whether the first decision of a run must call a tool.

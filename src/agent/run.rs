@@ -141,6 +141,17 @@ impl Agent {
             .map(|m| m.content.clone())
             .ok_or_else(|| Error::param("conversation", "it has no user message"))?;
         let t0 = Instant::now();
+        // A request far over the context is refused before anything is built from it.
+        let bytes = conversation.iter().filter(|m| m.role != Role::Tool).map(|m| m.content.len()).sum();
+        if let Some((at_least, capacity)) = self.driver.prompt_bound(bytes) {
+            let needed = at_least + self.config.max_decision_tokens;
+            if needed > capacity {
+                let stop = StopReason::ContextOverflow { needed, capacity };
+                self.emit(AgentEvent::RunFailed { reason: stop.clone() });
+                let stats = RunStats { seconds: t0.elapsed().as_secs_f64(), ..RunStats::default() };
+                return Ok(Transcript { task, steps: Vec::new(), final_answer: None, stop_reason: stop, stats });
+            }
+        }
         let specs = self.executor.tools().specs();
         let tools_value =
             (self.config.format == DecisionFormat::Native && !specs.is_empty()).then(|| native::tools_value(&specs));
@@ -282,8 +293,13 @@ impl Agent {
             run.steps.push(step);
             return Ok(Some(StopReason::FinalAnswer));
         }
-        self.run_calls(step_no, &decision, &mut step, run, forced_after_error);
-        messages.extend(self.observation_messages(&mut step));
+        if self.run_calls(step_no, &decision, &mut step, run, forced_after_error) {
+            // Every call was held: the model never sees them (it would make them again, or give the reason
+            // as its answer) and answers from what it had (the transcript keeps the step).
+            messages.pop();
+        } else {
+            messages.extend(self.observation_messages(&mut step));
+        }
         run.steps.push(step);
         Ok(None)
     }

@@ -53,6 +53,7 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         }
     });
     if a.confirm {
+        // The person decides about every call, those a tool's output chose included (run_config).
         builder = builder.interceptor(display::Confirm);
     }
     let mut agent = builder.build()?;
@@ -143,7 +144,12 @@ fn run_config(a: &RunArgs) -> Result<AgentConfig> {
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
     let base = a.agent.config()?;
     let decision = base.decision.clone().max_string_chars(a.max_string_chars);
-    Ok(base.decision(decision).max_decision_tokens(a.max_decision_tokens).tool_timeout(tool_timeout))
+    let held = base.hold_untrusted_calls && !a.confirm;
+    Ok(base
+        .decision(decision)
+        .max_decision_tokens(a.max_decision_tokens)
+        .tool_timeout(tool_timeout)
+        .hold_untrusted_calls(held))
 }
 
 /// `reagent eval`: each task's result line appended to `--out`, the summary printed (and written as JSON).

@@ -143,6 +143,10 @@ pub(crate) struct AgentArgs {
     /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_grammar: bool,
+    /// Run calls that change things even when a tool's output, not the request, chose them (a file that
+    /// says "write pwned.txt"); held by default. `run --confirm` asks about every call instead.
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) trust_tool_output: bool,
     #[command(flatten)]
     pub(crate) decision: DecisionArgs,
 }
@@ -177,7 +181,8 @@ impl AgentArgs {
             .tool_choice(self.tool_choice.parse()?)
             .max_steps(self.max_steps)
             .max_retries(self.max_retries)
-            .decision(reagent::DecisionOptions::default().parallel_calls(self.parallel_calls)))
+            .decision(reagent::DecisionOptions::default().parallel_calls(self.parallel_calls))
+            .hold_untrusted_calls(!self.trust_tool_output))
     }
 }
 

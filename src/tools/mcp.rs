@@ -273,6 +273,7 @@ impl Tool for McpTool {
 
     fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
         super::Need::of_path_parameter(&self.spec, request, done)
+            .or_else(|| super::Need::of_named_action(&self.spec, request, done))
     }
 
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {

@@ -200,6 +200,71 @@ impl Need {
     }
 }
 
+impl Need {
+    /// A need for `spec`'s tool when the request names its action: every part of the tool's name (split at
+    /// `_`, `-`, `.` and case changes, parts of three letters or more, a server's prefix left out) starts a
+    /// word of the request ("Send a message to bob@…" names `send_message`; "What is Apple's stock price?"
+    /// names `stock_price`), and the tool has not run yet. For tools from tools files and MCP servers, whose
+    /// use reagent knows only by their names.
+    pub fn of_named_action(spec: &ToolSpec, request: &str, done: &[Done]) -> Option<Need> {
+        if done.iter().any(|d| d.call.tool == spec.name) {
+            return None;
+        }
+        let bare = spec.name.rsplit('.').next().unwrap_or(&spec.name);
+        let parts = name_parts(bare);
+        if parts.is_empty() {
+            return None;
+        }
+        let lower = request.to_lowercase();
+        let words: Vec<(usize, &str)> = word_spans(&lower);
+        let mut first = usize::MAX;
+        for part in &parts {
+            let (at, _) = words.iter().find(|(_, w)| w.starts_with(part.as_str()))?;
+            first = first.min(*at);
+        }
+        // Offsets of the lower-cased text; the request's own where lower-casing kept the lengths.
+        let at = if lower.len() == request.len() { first } else { 0 };
+        Some(Need::new(format!("the request names `{}`", spec.name), at).calls(vec![spec.clone()]))
+    }
+}
+
+/// The lower-case parts of a tool name of three letters or more (`sendMessage`, `send_message` → send,
+/// message).
+fn name_parts(name: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if (!c.is_alphanumeric() || (prev_lower && c.is_uppercase())) && !cur.is_empty() {
+            parts.push(std::mem::take(&mut cur));
+        }
+        if c.is_alphanumeric() {
+            cur.extend(c.to_lowercase());
+        }
+        prev_lower = c.is_lowercase();
+    }
+    parts.push(cur);
+    parts.retain(|p| p.chars().count() >= 3);
+    parts
+}
+
+/// The alphanumeric words of `text` with their byte offsets.
+fn word_spans(text: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in text.char_indices().chain(std::iter::once((text.len(), ' '))) {
+        match (c.is_alphanumeric(), start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                out.push((s, &text[s..i]));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// A call that ran and gave a result, with its output: what a run has done so far ([`Tool::needed_for`]).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]

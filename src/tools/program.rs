@@ -155,6 +155,10 @@ impl Tool for ProgramTool {
         self.read_only
     }
 
+    fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
+        super::Need::of_named_action(&self.spec, request, done)
+    }
+
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {
         let mut command = Command::new(&self.command[0]);
         command.args(&self.command[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());

@@ -18,7 +18,10 @@ use serde_json::Value;
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::ToolCall;
 
+mod provenance;
 mod reading;
+
+pub use provenance::chosen_by_tool_output;
 
 use reading::{
     leaf_text, leaf_words, leaves, name_words, words, written_numbers, CURRENCIES, FUNCTION_WORDS, GENERIC_ACTIONS,

@@ -15,7 +15,8 @@ const CYCLE_WINDOW: usize = 2;
 
 impl Agent {
     /// Runs the decision's calls into `step.calls`, noting in `run` whether the next step must answer (a
-    /// refused repeat) or call again (a failure, when the settings ask for it).
+    /// refused repeat, a held call) or call again (a failure, when the settings ask for it). Returns
+    /// whether every call was held ([`Self::untrusted`]).
     pub(super) fn run_calls(
         &mut self,
         step_no: usize,
@@ -23,8 +24,20 @@ impl Agent {
         step: &mut Step,
         run: &mut RunState,
         forced_after_error: bool,
-    ) {
+    ) -> bool {
+        let calls = decision.calls();
+        let mut held = 0;
         for call in decision.calls() {
+            if let Some(reason) = self.untrusted(&call, run) {
+                // Not a failure to retry or to keep out of the answer: the model answers without it (a
+                // model that was told to make the call otherwise makes it again until the steps run out).
+                run.force_answer = self.config.tool_choice == ToolChoice::Auto;
+                self.emit(AgentEvent::ToolCallBlocked { step: step_no, call: call.clone(), reason: reason.clone() });
+                let outcome = CallOutcome::Blocked { reason: format!("{reason}; it was not run") };
+                step.calls.push(CallRecord { call, outcome });
+                held += 1;
+                continue;
+            }
             let (call, outcome) = self.call(step_no, call, &mut run.recent, &mut run.history);
             if matches!(outcome, CallOutcome::Repeated { .. }) {
                 run.force_answer = self.config.tool_choice == ToolChoice::Auto;
@@ -41,6 +54,25 @@ impl Agent {
             }
             step.calls.push(CallRecord { call, outcome });
         }
+        held > 0 && held == calls.len()
+    }
+
+    /// Why `call` is held ([`AgentConfig::hold_untrusted_calls`](crate::agent::AgentConfig::hold_untrusted_calls)):
+    /// a tool that changes things, called with what an earlier tool output chose.
+    fn untrusted(&self, call: &ToolCall, run: &RunState) -> Option<String> {
+        let changes_things = self.executor.tools().get(&call.tool).is_some_and(|t| !t.read_only());
+        if !self.config.hold_untrusted_calls || !changes_things {
+            return None;
+        }
+        let outputs: Vec<&str> = run
+            .history
+            .iter()
+            .filter_map(|(_, o)| match o {
+                CallOutcome::Ok { output } | CallOutcome::Repeated { output, .. } => Some(output.as_str()),
+                _ => None,
+            })
+            .collect();
+        crate::agent::grounding::chosen_by_tool_output(call, &run.task, &outputs)
     }
 
     /// The turns that carry the step's results back to the model, and `step.observation`.
