@@ -711,3 +711,18 @@ fn closing_near_the_limit_closes_strings_with_their_quote() {
     let in_array = closing_choices(schema, r#"{"a":"x","b":["#);
     assert!(!in_array.is_empty() && in_array.iter().all(|t| t.trim_start().starts_with(']')), "{in_array:?}");
 }
+
+/// A grammar that matches nothing is named as such, with a hint for its own kind (a regex that excludes
+/// every character was reported as "a $ref cycle").
+#[test]
+fn a_grammar_matching_nothing_is_explained_for_its_kind() {
+    let (engine, _) = engine();
+    let err = |g: Grammar| match engine.constraint(&g) {
+        Ok(_) => panic!("compiled"),
+        Err(e) => e.to_string(),
+    };
+    let regex = err(Grammar::Regex(r"[^\x00-\x{10FFFF}]".into()));
+    assert!(regex.contains("matches no text") && regex.contains("character class"), "{regex}");
+    let schema = err(Grammar::JsonSchema(serde_json::json!({"enum": []})));
+    assert!(schema.contains("JSON schema") && schema.contains("nsatisfiable"), "{schema}");
+}

@@ -40,6 +40,15 @@ impl Grammar {
     }
 
     /// What kind of grammar it is, for messages: `JSON schema`, `Lark grammar`, `regex`.
+    /// What commonly makes a grammar of this kind match nothing, for its error.
+    fn matches_nothing_hint(&self) -> &'static str {
+        match self {
+            Grammar::JsonSchema(_) => "a $ref cycle, an empty enum or anyOf?",
+            Grammar::Lark(_) => "a rule that derives no text, an empty alternative?",
+            Grammar::Regex(_) => "a character class that excludes every character?",
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Grammar::JsonSchema(_) => "JSON schema",
@@ -240,7 +249,9 @@ impl GrammarEngine {
                 let message = format!("{e:#}");
                 // llguidance's name for "the parser allows no byte": at the start, the grammar matches nothing.
                 match message.contains("NoExtensionBias") {
-                    true => Error::grammar(what, "it matches no text at all (a $ref cycle, an empty alternative?)"),
+                    true => {
+                        Error::grammar(what, format!("it matches no text at all ({})", grammar.matches_nothing_hint()))
+                    }
                     false => Error::grammar(what, crate::error::one_line(&message)),
                 }
             })?;

@@ -331,7 +331,7 @@ fn float_literals(expr: &str) -> String {
 /// Resolves `rel` under `root`, refusing anything that leaves it: absolute paths, `..`, and symlinks
 /// pointing outside (the resolved path must still start with the root).
 fn confine(root: &Path, rel: &str, must_exist: bool) -> std::result::Result<PathBuf, ToolError> {
-    let p = Path::new(rel);
+    let p = &paths::unescaped(root, rel);
     if p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir | Component::Prefix(_))) {
         return Err(ToolError(format!("`{rel}` is outside the working directory")));
     }
@@ -389,6 +389,10 @@ fn read_file(root: &Path, rel: &str, max: usize, links_ok: bool) -> std::result:
     // Never more than `max` bytes in memory, whatever the file's size.
     let mut bytes = Vec::new();
     std::fs::File::open(&path).map_err(err)?.take(max as u64).read_to_end(&mut bytes).map_err(err)?;
+    // A NUL in the first KiB: not text (64 KiB of control characters tell the model nothing).
+    if bytes[..bytes.len().min(1024)].contains(&0) {
+        return Err(ToolError(format!("`{rel}` is a binary file ({} bytes), not text", meta.len())));
+    }
     let mut text = String::from_utf8_lossy(&bytes).into_owned();
     if meta.len() > max as u64 {
         text.push_str(&format!("\n[... cut: the file has {} bytes, {max} shown]", meta.len()));
@@ -437,7 +441,7 @@ fn similar_paths(root: &Path, rel: &str) -> Vec<String> {
                 stack.push((e.path(), depth + 1));
             } else if !is_dir && close(&e.file_name().to_string_lossy()) {
                 if let Ok(r) = e.path().strip_prefix(root) {
-                    found.push(r.to_string_lossy().into_owned());
+                    found.push(paths::shown(r));
                 }
             }
         }
@@ -460,6 +464,9 @@ fn search_files(root: &Path, rel: &str, text: &str) -> std::result::Result<Value
     }
     let needle = text.to_lowercase();
     let (mut hits, mut seen, mut more) = (Vec::new(), 0usize, false);
+    // Files not searched, said with the result: a hit could be in them.
+    let (mut big, mut binary) = (Vec::new(), Vec::new());
+    let rel_name = |p: &Path| p.strip_prefix(root).map(paths::shown).unwrap_or_default();
     let mut stack = vec![(dir, 0usize)];
     while let Some((d, depth)) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else { continue };
@@ -476,14 +483,19 @@ fn search_files(root: &Path, rel: &str, text: &str) -> std::result::Result<Value
                 stack.push((e.path(), depth + 1));
                 continue;
             }
-            if !meta.is_file() || meta.len() > 1 << 20 {
+            if !meta.is_file() {
+                continue;
+            }
+            if meta.len() > 1 << 20 {
+                big.push(rel_name(&e.path()));
                 continue;
             }
             let Ok(bytes) = std::fs::read(e.path()) else { continue };
             if bytes[..bytes.len().min(1024)].contains(&0) {
+                binary.push(rel_name(&e.path()));
                 continue;
             }
-            let name = e.path().strip_prefix(root).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = rel_name(&e.path());
             for (i, line) in String::from_utf8_lossy(&bytes).lines().enumerate() {
                 if line.to_lowercase().contains(&needle) {
                     if hits.len() == MAX_LINES {
@@ -496,13 +508,23 @@ fn search_files(root: &Path, rel: &str, text: &str) -> std::result::Result<Value
             }
         }
     }
+    let mut skipped = Vec::new();
+    for (files, why) in [(&big, "over 1 MiB"), (&binary, "binary")] {
+        if !files.is_empty() {
+            let shown: Vec<&str> = files.iter().take(5).map(String::as_str).collect();
+            let more = if files.len() > 5 { ", …" } else { "" };
+            skipped.push(format!("{} {why} file(s) not searched: {}{more}", files.len(), shown.join(", ")));
+        }
+    }
     // Nothing found is a failed lookup: an answer that repeats it is no answer.
     if hits.is_empty() {
-        return Err(ToolError(format!("no line contains `{text}` in the files under `{rel}`")));
+        let not_searched = if skipped.is_empty() { String::new() } else { format!(" ({})", skipped.join("; ")) };
+        return Err(ToolError(format!("no line contains `{text}` in the files under `{rel}`{not_searched}")));
     }
     if more {
         hits.push("[... more not shown]".into());
     }
+    hits.extend(skipped.into_iter().map(|s| format!("[{s}]")));
     Ok(Value::String(hits.join("\n")))
 }
 
@@ -528,7 +550,7 @@ fn list_dir(root: &Path, rel: &str) -> std::result::Result<Value, ToolError> {
         .map_err(|e| ToolError(format!("{rel}: {e}")))?
         .filter_map(|e| e.ok())
         .map(|e| {
-            let mut n = e.file_name().to_string_lossy().into_owned();
+            let mut n = paths::shown(Path::new(&e.file_name()));
             if e.file_type().is_ok_and(|t| t.is_dir()) {
                 n.push('/');
             }
@@ -632,14 +654,49 @@ mod tests {
         std::fs::write(root.join("docs/bin"), b"\0invoice 4471").unwrap();
         std::fs::write(root.join("top.txt"), "invoice 4471").unwrap();
         let found = search_files(&root, "docs", "INVOICE 4471").unwrap();
-        assert_eq!(found, json!("docs/a.md:2: Invoice 4471 approved\ndocs/deep/b.txt:1: see invoice 4471"));
+        // The binary file is said to be left out, as a hit could be in it.
+        assert_eq!(
+            found,
+            json!(
+                "docs/a.md:2: Invoice 4471 approved\ndocs/deep/b.txt:1: see invoice 4471\n\
+                 [1 binary file(s) not searched: docs/bin]"
+            )
+        );
+        std::fs::write(root.join("docs/big.log"), "x".repeat((1 << 20) + 1)).unwrap();
         assert_eq!(
             search_files(&root, ".", "nowhere").unwrap_err().0,
-            "no line contains `nowhere` in the files under `.`"
+            "no line contains `nowhere` in the files under `.` (1 over 1 MiB file(s) not searched: docs/big.log; \
+             1 binary file(s) not searched: docs/bin)"
         );
         assert!(search_files(&root, "..", "x").unwrap_err().0.contains("outside"));
         assert!(search_files(&root, "top.txt", "x").unwrap_err().0.contains("not a directory"));
         assert!(search_files(&root, ".", " ").is_err());
+    }
+
+    #[test]
+    fn a_binary_file_is_reported_not_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::write(root.join("image.bin"), [0u8; 3000]).unwrap();
+        assert_eq!(
+            read_file(&root, "image.bin", 100, false).unwrap_err().0,
+            "`image.bin` is a binary file (3000 bytes), not text"
+        );
+    }
+
+    /// A file name that is not UTF-8 is shown with `\xNN` escapes, and the tools open it by that name.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn names_that_are_not_utf8_are_shown_in_a_form_the_tools_take_back() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let name = std::ffi::OsStr::from_bytes(b"caf\xe9.txt");
+        std::fs::write(root.join(name), "latin-1 name").unwrap();
+        let listing = list_dir(&root, ".").unwrap();
+        assert_eq!(listing, json!("caf\\xE9.txt"));
+        assert_eq!(read_file(&root, "caf\\xE9.txt", 100, false).unwrap(), json!("latin-1 name"));
+        assert_eq!(search_files(&root, ".", "latin").unwrap(), json!("caf\\xE9.txt:1: latin-1 name"));
     }
 
     #[cfg(unix)]

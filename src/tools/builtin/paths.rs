@@ -2,7 +2,7 @@
 //! decoded from ([`Tree`]), the paths a request names or that are shaped like paths, and whether a call
 //! has already read or listed one.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -45,12 +45,11 @@ impl Tree {
                     return None;
                 }
                 let name = e.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.starts_with('.') {
+                if name.as_encoded_bytes().starts_with(b".") {
                     continue;
                 }
                 let Ok(t) = e.file_type() else { continue };
-                let Ok(rel) = e.path().strip_prefix(root).map(|p| p.to_string_lossy().into_owned()) else { continue };
+                let Ok(rel) = e.path().strip_prefix(root).map(shown) else { continue };
                 if t.is_dir() {
                     dirs.push(rel);
                     if depth + 1 < Self::MAX_DEPTH {
@@ -142,4 +141,53 @@ pub(super) fn paths_named_in(request: &str, tree: Option<&Tree>) -> Vec<(usize, 
     } else {
         found
     }
+}
+
+/// A path as the file tools show it: as it is when it is UTF-8, else with each byte that is not part of
+/// UTF-8 written `\xNN`, a form the tools take back ([`unescaped`]). `to_string_lossy` would show `�`,
+/// a name no call can open.
+pub(super) fn shown(path: &Path) -> String {
+    if let Some(s) = path.to_str() {
+        return s.to_string();
+    }
+    let bytes = path.as_os_str().as_encoded_bytes();
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The path a tool argument names: `rel` itself, or, where `rel` does not exist under `root` and writes
+/// `\xNN` escapes ([`shown`]), the path with those bytes (Unix; elsewhere `rel` itself).
+pub(super) fn unescaped(root: &Path, rel: &str) -> PathBuf {
+    let plain = PathBuf::from(rel);
+    if !rel.contains("\\x") || root.join(&plain).exists() {
+        return plain;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStringExt;
+        let (src, mut bytes) = (rel.as_bytes(), Vec::with_capacity(rel.len()));
+        let mut i = 0;
+        while i < src.len() {
+            let hex = src.get(i + 2..i + 4).and_then(|h| std::str::from_utf8(h).ok());
+            match (src[i], src.get(i + 1), hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+                (b'\\', Some(b'x'), Some(b)) => {
+                    bytes.push(b);
+                    i += 4;
+                }
+                (c, _, _) => {
+                    bytes.push(c);
+                    i += 1;
+                }
+            }
+        }
+        PathBuf::from(std::ffi::OsString::from_vec(bytes))
+    }
+    #[cfg(not(unix))]
+    plain
 }
