@@ -278,3 +278,63 @@ pub fn run_constrained(model: &mut Model, params: &BenchParams, threads: usize) 
         sample_output,
     })
 }
+
+/// One prefix length of [`run_prompt_cache`]: computing it against loading it from the prompt cache.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct PromptCacheRow {
+    pub tokens: usize,
+    /// Median seconds to prefill the prefix on an empty cache.
+    pub compute_s: f64,
+    /// Median seconds to find, read, check and load the saved prefix (the file in the page cache).
+    pub load_s: f64,
+    pub file_mb: f64,
+}
+
+/// Prefill against the prompt cache's load, for prefixes of 64 tokens up to `params.prompt_tokens`
+/// (doubling), `params.runs` times each, in a temporary folder.
+pub fn run_prompt_cache(model: &mut Model, params: &BenchParams) -> Result<Vec<PromptCacheRow>> {
+    use crate::model::prompt_cache::PromptCache;
+    let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
+    let cache = PromptCache::for_model(dir.path(), model.info());
+    let tok = model.tokenizer().clone();
+    let mut text = String::new();
+    let mut ids = Vec::new();
+    while ids.len() < params.prompt_tokens {
+        text.push_str(DECODE_PROMPT);
+        ids = tok.encode(&text, false)?;
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut rows = Vec::new();
+    let mut len = 64;
+    while len <= params.prompt_tokens.min(model.context_length()) {
+        let prompt = &ids[..len];
+        let mut compute = Vec::new();
+        for _ in 0..params.runs.max(1) {
+            model.truncate(0);
+            let t = std::time::Instant::now();
+            prefill(model, prompt, 0)?;
+            compute.push(t.elapsed().as_secs_f64());
+        }
+        let prefix =
+            model.export_prefix(len).ok_or_else(|| Error::param("prompt cache", "the KV cache is not on the host"))?;
+        let path = cache.store(prompt, &prefix)?;
+        let mut load = Vec::new();
+        for _ in 0..params.runs.max(1) {
+            model.truncate(0);
+            let t = std::time::Instant::now();
+            let hit = cache
+                .lookup(prompt, 0)
+                .ok_or_else(|| Error::param("prompt cache", "the saved prefix was not found"))?;
+            model.import_prefix(&cache.load(&hit)?)?;
+            load.push(t.elapsed().as_secs_f64());
+        }
+        let file_mb = std::fs::metadata(&path).map_or(0.0, |m| m.len() as f64 / 1e6);
+        rows.push(PromptCacheRow { tokens: len, compute_s: median(compute), load_s: median(load), file_mb });
+        len *= 2;
+    }
+    Ok(rows)
+}

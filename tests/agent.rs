@@ -883,3 +883,82 @@ fn a_request_far_over_the_context_is_refused_before_it_is_tokenized() {
     assert!(!events.iter().any(|e| matches!(e, AgentEvent::RunStarted { .. })), "{events:?}");
     assert!(matches!(events.last(), Some(AgentEvent::RunFailed { .. })));
 }
+
+/// The prompt cache: the first run saves its system prompt's KV, a later process's run (another driver,
+/// another task) loads it instead of computing it; a damaged entry is removed and the run computes.
+#[test]
+fn the_system_prompt_is_saved_once_and_loaded_by_later_runs() {
+    use reagent::model::prompt_cache;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::tiny_long_path(reagent::model::Arch::Qwen2);
+    let run = |task: &str| {
+        let model = reagent::Model::load(&path, &reagent::LoadOptions::default()).unwrap();
+        let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap().with_prompt_cache(dir.path());
+        let events: Events = Arc::default();
+        let sink = events.clone();
+        let mut a = Agent::builder()
+            .driver(driver)
+            .tool(calc())
+            .config(AgentConfig::default().max_steps(1).max_retries(0).max_decision_tokens(40))
+            .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+            .build()
+            .unwrap();
+        a.run(task).unwrap();
+        // The first generation's figures, whether or not the tiny model's output was a decision.
+        let first = events.lock().unwrap().iter().find_map(|e| match e {
+            AgentEvent::DecisionExtracted { stats, .. } | AgentEvent::ExtractionFailed { stats, .. } => {
+                Some(stats.clone())
+            }
+            _ => None,
+        });
+        first
+    };
+    let first = run("add 1 and 2").expect("a decision");
+    assert_eq!(first.loaded_tokens, 0);
+    let saved = prompt_cache::list(dir.path());
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    // The system turn, not the task: shorter than the prompt, and the same for every task.
+    assert!(saved[0].tokens >= 64 && saved[0].tokens < first.prompt_tokens, "{saved:?} {first:?}");
+    let second = run("add 3 and 4").expect("a decision");
+    assert_eq!(second.loaded_tokens, saved[0].tokens);
+    assert_eq!(second.reused_tokens, saved[0].tokens);
+    assert_eq!(prompt_cache::list(dir.path()).len(), 1, "saved once");
+
+    // A damaged entry is never loaded: it is removed, and the run computes the prompt (and saves it again).
+    let mut bytes = std::fs::read(&saved[0].path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&saved[0].path, bytes).unwrap();
+    let third = run("add 5 and 6").expect("a decision");
+    assert_eq!(third.loaded_tokens, 0);
+    let fourth = run("add 7 and 8").expect("a decision");
+    assert_eq!(fourth.loaded_tokens, saved[0].tokens, "saved again by the third run");
+}
+
+/// A loaded prefix is the saved one bit for bit: the next forward pass after it gives the same logits as
+/// after the positions that were saved, in another instance of the model.
+#[test]
+fn a_loaded_prefix_continues_exactly_as_the_saved_one() {
+    use reagent::model::prompt_cache::PromptCache;
+    use reagent::LanguageModel;
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::tiny_long_path(reagent::model::Arch::Qwen2);
+    let mut a = reagent::Model::load(&path, &reagent::LoadOptions::default()).unwrap();
+    let tokens: Vec<u32> = (0..300u32).map(|i| 3 + (i * 7) % 200).collect();
+    a.forward(&tokens, 0).unwrap();
+    let cache = PromptCache::for_model(dir.path(), a.info());
+    cache.store(&tokens, &a.export_prefix(200).unwrap()).unwrap();
+    let after_saved = a.forward(&tokens[200..210], 200).unwrap();
+
+    let mut b = reagent::Model::load(&path, &reagent::LoadOptions::default()).unwrap();
+    let hit = cache.lookup(&tokens, 0).expect("a saved prefix");
+    assert_eq!(hit.len, 200);
+    b.import_prefix(&cache.load(&hit).unwrap()).unwrap();
+    assert_eq!(b.cache_len(), 200);
+    assert_eq!(b.forward(&tokens[200..210], 200).unwrap(), after_saved);
+    // A prompt that leaves the saved tokens early gets the common part only.
+    let mut other = tokens.clone();
+    other[150] += 1;
+    assert_eq!(cache.lookup(&other, 0).unwrap().len, 150);
+    assert!(cache.lookup(&other, 150).is_none(), "no longer prefix than asked for");
+}

@@ -8,7 +8,12 @@ use common::{real_model_path, scratch, tiny_path};
 use reagent::model::Arch;
 
 fn reagent(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_reagent")).args(args).env("HF_HUB_OFFLINE", "1").output().expect("run reagent")
+    Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .env("REAGENT_PROMPT_CACHE", "0")
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("run reagent")
 }
 
 fn stderr(o: &Output) -> String {
@@ -191,6 +196,7 @@ fn closed_pipes_exit_quietly_and_full_disks_fail_cleanly() {
     ];
     for args in runs {
         let mut child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+            .env("REAGENT_PROMPT_CACHE", "0")
             .args(&args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -204,7 +210,12 @@ fn closed_pipes_exit_quietly_and_full_disks_fail_cleanly() {
     #[cfg(target_os = "linux")]
     {
         let full = std::fs::File::create("/dev/full").unwrap();
-        let o = Command::new(env!("CARGO_BIN_EXE_reagent")).args(["models", "list"]).stdout(full).output().unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_reagent"))
+            .env("REAGENT_PROMPT_CACHE", "0")
+            .args(["models", "list"])
+            .stdout(full)
+            .output()
+            .unwrap();
         assert_clean_failure(&o, &["No space left on device"]);
     }
 }
@@ -229,6 +240,7 @@ fn interrupt_run(args: &[&str], trace: &str, event: &str, before: &dyn Fn(), sig
     let trace = scratch().join(trace);
     let _ = std::fs::remove_file(&trace);
     let child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .env("REAGENT_PROMPT_CACHE", "0")
         .arg("run")
         .args(args)
         .args(["--trace", trace.to_str().unwrap()])
@@ -377,12 +389,14 @@ fn the_readme_library_example_is_the_agent_example() {
 fn an_unknown_kernel_tier_is_an_error() {
     let path = tiny_path(Arch::Llama);
     let o = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .env("REAGENT_PROMPT_CACHE", "0")
         .args(["generate", "--model", path.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"])
         .env("REAGENT_KERNELS", "avx3")
         .output()
         .unwrap();
     assert_clean_failure(&o, &["REAGENT_KERNELS", "`avx3`", "avx512"]);
     let o = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .env("REAGENT_PROMPT_CACHE", "0")
         .args(["generate", "--model", path.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"])
         .env("REAGENT_KERNELS", "avx2")
         .output()
@@ -468,4 +482,42 @@ fn structured_output_ends_or_says_it_is_incomplete() {
     let o = generate("1", "3");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("error: the output is incomplete"), "{}", stderr(&o));
+}
+
+/// `reagent run` saves the system prompt's KV in the prompt cache and a second run loads it (its first
+/// decision says how many tokens it loaded); `--no-prompt-cache` neither loads nor saves; `reagent cache
+/// list|clear` show and empty the folder.
+#[test]
+fn a_second_run_loads_the_saved_system_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::tiny_long_path(Arch::Qwen2).to_str().unwrap().to_string();
+    let run = |extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_reagent"))
+            .env("REAGENT_PROMPT_CACHE_DIR", dir.path())
+            .args(["run", "--model", &model, "--json", "--max-steps", "1", "--max-retries", "0"])
+            .args(extra)
+            .arg("add two numbers")
+            .output()
+            .unwrap();
+        let events: Vec<serde_json::Value> =
+            String::from_utf8_lossy(&o.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let stats = events.iter().find_map(|e| e.get("stats").cloned()).expect("a generation's stats");
+        stats.get("loaded_tokens").and_then(|n| n.as_u64()).unwrap_or(0)
+    };
+    let cache = |cmd: &str| {
+        Command::new(env!("CARGO_BIN_EXE_reagent"))
+            .env("REAGENT_PROMPT_CACHE_DIR", dir.path())
+            .args(["cache", cmd])
+            .output()
+            .unwrap()
+    };
+    assert_eq!(run(&["--no-prompt-cache"]), 0);
+    assert!(String::from_utf8_lossy(&cache("list").stdout).is_empty(), "nothing saved with --no-prompt-cache");
+    assert_eq!(run(&[]), 0);
+    let listed = String::from_utf8_lossy(&cache("list").stdout).into_owned();
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    assert!(run(&[]) > 0, "the second run loads the saved prompt");
+    assert_eq!(run(&["--no-prompt-cache"]), 0);
+    assert!(stderr(&cache("clear")).contains("removed 1 saved prompts"));
+    assert!(String::from_utf8_lossy(&cache("list").stdout).is_empty());
 }

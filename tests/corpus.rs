@@ -229,6 +229,7 @@ fn gguf_case(name: &str, path: &Path, chat: bool, expect: &[&str]) -> Case {
 /// Runs one case; `None` when it behaved, else what went wrong.
 fn check(case: &Case) -> Option<String> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_reagent"));
+    cmd.env("REAGENT_PROMPT_CACHE", "0");
     cmd.args(&case.args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     cmd.env("RUST_BACKTRACE", "0").env("REAGENT_THREADS", "1");
     #[cfg(unix)]

@@ -128,6 +128,7 @@ fn eval_on_the_test_model_writes_lines_and_resumes_after_a_kill() {
     let summary = common::scratch().join("eval-smol-summary.json");
     let cmd = |extra: &[&str]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_reagent"));
+        c.env("REAGENT_PROMPT_CACHE", "0");
         c.args(["eval", suite().to_str().unwrap(), "--model", model.to_str().unwrap(), "--dry-run"])
             .args(["--out", out.to_str().unwrap(), "--parallel-calls", "2"])
             .args(extra);

@@ -341,6 +341,7 @@ fn the_default_model_uses_the_filesystem_server_from_the_command_line() {
     std::fs::write(dir.path().join("notes.txt"), "one\ntwo\nthree\nfour\n").unwrap();
     let server = format!("{} {}", npm_server("mcp-server-filesystem").display(), dir.path().display());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .env("REAGENT_PROMPT_CACHE", "0")
         .current_dir(dir.path())
         // Run outside the source tree, the binary would look in the platform cache: use the tree's.
         .env("REAGENT_MODELS_DIR", reagent::catalog::cache_dir())

@@ -15,6 +15,7 @@ use crate::decode::constraint::{Allowed, BranchBias, BranchPoint, Constraint, Gr
 use crate::decode::generate::{generate, FinishReason, GenerateParams, Generation, Request};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
+use crate::model::prompt_cache::PromptCache;
 use crate::model::LanguageModel;
 use crate::text::chat::{ChatMessage, Role};
 use crate::text::Model;
@@ -119,6 +120,10 @@ pub struct ModelDriver {
     react_tokens: std::sync::OnceLock<ReactTokens>,
     /// The most bytes of text one token stands for (a vocabulary scan, done once).
     longest_token: std::sync::OnceLock<usize>,
+    /// Where prompt prefixes are saved and loaded across processes (off unless asked for).
+    prompt_cache: Option<PromptCache>,
+    /// The system turn's tokens last saved or found saved (not looked up again).
+    saved_system: Vec<u32>,
 }
 
 impl ModelDriver {
@@ -145,7 +150,17 @@ impl ModelDriver {
             native_tokens: Default::default(),
             react_tokens: Default::default(),
             longest_token: Default::default(),
+            prompt_cache: None,
+            saved_system: Vec::new(),
         }
+    }
+
+    /// Saves the KV of the system prompt (with the tools it describes) to disk after the first decision,
+    /// and loads it, instead of computing it, in the next process's runs (`reagent run` does; `--no-prompt-cache`
+    /// turns it off). `dir`: [`PromptCache::default_dir`] unless testing.
+    pub fn with_prompt_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.prompt_cache = Some(PromptCache::for_model(dir, self.model.info()));
+        self
     }
 
     /// Recompute every prompt from scratch instead of reusing the KV cache of the previous step (to
@@ -163,6 +178,55 @@ impl ModelDriver {
     /// The tokens of the last prompt (for inspection and tests).
     pub fn last_prompt(&self) -> &[u32] {
         &self.cached[..self.prompt_len.min(self.cached.len())]
+    }
+
+    /// Loads the longest saved prefix of `prompt` when it is longer than the `reused` tokens the KV cache
+    /// holds by enough to be worth reading; the tokens loaded (0: none). A saved prefix that cannot be
+    /// read is reported and skipped.
+    fn load_saved_prefix(&mut self, prompt: &[u32], reused: usize) -> usize {
+        /// Fewer new tokens than this are computed faster than an entry is read.
+        const MIN_GAIN: usize = 32;
+        let Some(cache) = &self.prompt_cache else { return 0 };
+        let Some(hit) = cache.lookup(prompt, reused + MIN_GAIN) else { return 0 };
+        let loaded = cache.load(&hit).and_then(|prefix| self.model.import_prefix(&prefix));
+        match loaded {
+            Ok(()) => {
+                self.cached = prompt[..hit.len].to_vec();
+                hit.len
+            }
+            Err(e) => {
+                tracing::warn!("saved prompt not used: {e}");
+                eprintln!("warning: {}", crate::error::one_line(&e.to_string()));
+                self.cached.truncate(reused);
+                self.model.truncate(reused);
+                0
+            }
+        }
+    }
+
+    /// Saves the KV of the prompt's system turn (the part every run with these tools and settings shares)
+    /// when no saved prefix holds it yet.
+    fn save_prefix(&mut self, req: &DecisionRequest<'_>, prompt: &[u32]) {
+        /// Shorter prefixes are computed about as fast as they are read.
+        const MIN_TOKENS: usize = 64;
+        let Some(cache) = &self.prompt_cache else { return };
+        if req.messages.first().is_none_or(|m| m.role != Role::System) {
+            return;
+        }
+        let Ok(system) = self.tokens(&req.messages[..1], req.tools) else { return };
+        let len = system.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        if len < MIN_TOKENS || self.saved_system == prompt[..len] {
+            return;
+        }
+        self.saved_system = prompt[..len].to_vec();
+        if cache.lookup(&prompt[..len], len - 1).is_some() {
+            return;
+        }
+        if let Some(prefix) = self.model.export_prefix(len) {
+            if let Err(e) = cache.store(prompt, &prefix) {
+                eprintln!("warning: the prompt was not saved: {}", crate::error::one_line(&e.to_string()));
+            }
+        }
     }
 
     fn longest_token_bytes(&self) -> usize {
@@ -268,6 +332,8 @@ impl Driver for ModelDriver {
         // next call must not trust more than this prefix.
         self.cached.truncate(reused);
         self.model.truncate(reused);
+        let loaded = self.load_saved_prefix(&prompt, reused);
+        let reused = reused.max(loaded);
         let mut constraint = match &self.engine {
             Some(e) => Some(e.constraint(req.grammar)?.with_branches(self.branches(req))),
             None => None,
@@ -283,6 +349,7 @@ impl Driver for ModelDriver {
         let g = self.generate(&prompt, reused, &params, constraint.as_mut())?;
         self.seed = self.seed.wrapping_add(1);
         self.prompt_len = prompt.len();
+        self.save_prefix(req, &prompt);
         // Under a grammar: complete when the grammar is (even if the last token also hit the limit).
         // Free: when it stopped by itself, or a whole JSON object came out before the limit cut it.
         let complete = match (&constraint, &g.stop) {
@@ -294,6 +361,7 @@ impl Driver for ModelDriver {
         let stats = DecisionStats {
             prompt_tokens: prompt.len(),
             reused_tokens: g.stats.cached_tokens,
+            loaded_tokens: loaded,
             generated_tokens: g.tokens.len(),
             forced_tokens: constraint.as_ref().map_or(0, |c| c.stats().forced_tokens),
             seconds: t.elapsed().as_secs_f64(),
@@ -323,6 +391,7 @@ impl Driver for ModelDriver {
         let stats = DecisionStats {
             prompt_tokens: 0,
             reused_tokens: g.stats.cached_tokens,
+            loaded_tokens: 0,
             generated_tokens: g.tokens.len(),
             forced_tokens: constraint.stats().forced_tokens,
             seconds: t.elapsed().as_secs_f64(),

@@ -13,8 +13,13 @@ use crate::tools::{CallOutcome, ToolCall};
 pub struct DecisionStats {
     /// Prompt tokens of this decision.
     pub prompt_tokens: usize,
-    /// Of those, how many were already in the KV cache (reused from the previous step).
+    /// Of those, how many were already in the KV cache (reused from the previous step, or loaded).
     pub reused_tokens: usize,
+    /// Prompt tokens this decision loaded from the prompt cache on disk
+    /// ([`ModelDriver::with_prompt_cache`](super::ModelDriver::with_prompt_cache)), a re-decision's first
+    /// generation included.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub loaded_tokens: usize,
     pub generated_tokens: usize,
     /// Tokens the grammar forced.
     pub forced_tokens: usize,
@@ -31,8 +36,13 @@ impl DecisionStats {
     pub(crate) fn add_generation(&mut self, other: &DecisionStats) {
         self.generated_tokens += other.generated_tokens;
         self.forced_tokens += other.forced_tokens;
+        self.loaded_tokens += other.loaded_tokens;
         self.seconds += other.seconds;
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Something that happened during a run.

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, EventLog, ModelDriver, Profile, StopReason};
 use reagent::eval::{finished_ids, load_tasks, run_eval, unknown_fields, EvalOptions, Summary};
+use reagent::model::prompt_cache::PromptCache;
 use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
 use reagent::tools::{builtin_tools, read_tools_file, BuiltinOptions, Tool};
 use reagent::Sampling;
@@ -31,6 +32,9 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     };
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
+    }
+    if !a.no_prompt_cache && super::prompt_cache_on() {
+        driver = driver.with_prompt_cache(PromptCache::default_dir());
     }
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
@@ -171,10 +175,14 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     let mut tools = builtin_tools(&BuiltinOptions::default().root(a.agent.root.clone()))?;
     add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
     let model = load(&a.model)?;
-    let driver: Box<dyn Driver> = match a.agent.no_grammar {
-        true => Box::new(ModelDriver::free_form(model, Sampling::Greedy, 0)),
-        false => Box::new(ModelDriver::constrained(model, Sampling::Greedy, 0)?),
+    let mut driver = match a.agent.no_grammar {
+        true => ModelDriver::free_form(model, Sampling::Greedy, 0),
+        false => ModelDriver::constrained(model, Sampling::Greedy, 0)?,
     };
+    if a.prompt_cache && super::prompt_cache_on() {
+        driver = driver.with_prompt_cache(PromptCache::default_dir());
+    }
+    let driver: Box<dyn Driver> = Box::new(driver);
     let profile = if a.dry_run { Profile::SingleDecision } else { Profile::Run };
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;

@@ -32,6 +32,19 @@ pub(crate) enum Cmd {
     Run(RunArgs),
     /// Run a JSONL task file and score the tool calls.
     Eval(EvalArgs),
+    /// List or clear the prompt cache (saved KV of system prompts, loaded by later runs).
+    Cache {
+        #[command(subcommand)]
+        cmd: CacheCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum CacheCmd {
+    /// Each saved prompt: its file, size, tokens and model key.
+    List,
+    /// Remove every saved prompt.
+    Clear,
 }
 
 #[derive(Args)]
@@ -63,6 +76,11 @@ pub(crate) struct EvalArgs {
     /// then depends on the task before it, and a resumed eval may differ from an uninterrupted one).
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) reuse_across_tasks: bool,
+    /// Load the system prompt's KV from the prompt cache, and save it there (off in evals: a prefix
+    /// loaded differs in its last bits from one computed with the task, so results could depend on the
+    /// cache).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) prompt_cache: bool,
     #[command(flatten)]
     pub(crate) agent: AgentArgs,
 }
@@ -109,6 +127,10 @@ pub(crate) struct RunArgs {
     /// Recompute the whole prompt at every step instead of reusing the KV cache (for measurements).
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_prefix_reuse: bool,
+    /// Neither load the system prompt's KV from the prompt cache nor save it there
+    /// (`REAGENT_PROMPT_CACHE=0` too).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) no_prompt_cache: bool,
     #[command(flatten)]
     pub(crate) agent: AgentArgs,
 }
@@ -423,4 +445,8 @@ pub(crate) struct BenchArgs {
     /// Measure a decision-shaped generation under the decision grammar against the same one unconstrained.
     #[arg(long)]
     pub(crate) constrained: bool,
+    /// Measure loading prompt prefixes from the prompt cache against computing them (64 tokens up to
+    /// --prompt-tokens, doubling).
+    #[arg(long, conflicts_with = "constrained")]
+    pub(crate) prompt_cache: bool,
 }

@@ -24,7 +24,19 @@ pub(super) fn tokenize(a: TokenizeArgs) -> Result<()> {
 pub(super) fn bench(a: BenchArgs, threads: usize) -> Result<()> {
     let mut model = load(&a.model)?;
     let params = reagent::bench::BenchParams::new(a.prompt_tokens, a.gen_tokens, a.runs);
-    if a.constrained {
+    if a.prompt_cache {
+        let rows = reagent::bench::run_prompt_cache(&mut model, &params)?;
+        match a.json {
+            true => out!("{}", serde_json::to_string(&rows)?),
+            false => {
+                out!("| prefix tokens | compute | load | file |");
+                out!("|---|---|---|---|");
+                for r in &rows {
+                    out!("| {} | {:.3} s | {:.3} s | {:.1} MB |", r.tokens, r.compute_s, r.load_s, r.file_mb);
+                }
+            }
+        }
+    } else if a.constrained {
         let r = reagent::bench::run_constrained(&mut model, &params, threads)?;
         match a.json {
             true => out!("{}", serde_json::to_string(&r)?),
@@ -185,4 +197,25 @@ fn prompt_ids(a: &GenerateArgs, model: &reagent::Model) -> Result<Vec<u32>> {
         bail!("the prompt is empty");
     }
     Ok(ids)
+}
+
+/// `reagent cache list|clear`.
+pub(super) fn cache(cmd: super::args::CacheCmd) -> Result<()> {
+    use reagent::model::prompt_cache::{self, PromptCache};
+    let dir = PromptCache::default_dir();
+    match cmd {
+        super::args::CacheCmd::List => {
+            let entries = prompt_cache::list(&dir);
+            for e in &entries {
+                out!("{}\t{:.1} MB\t{} tokens\t{}", e.path.display(), e.bytes as f64 / 1e6, e.tokens, e.key);
+            }
+            let total: u64 = entries.iter().map(|e| e.bytes).sum();
+            eprintln!("{} saved prompts, {:.1} MB, in {}", entries.len(), total as f64 / 1e6, dir.display());
+        }
+        super::args::CacheCmd::Clear => {
+            let n = prompt_cache::clear(&dir)?;
+            eprintln!("removed {n} saved prompts from {}", dir.display());
+        }
+    }
+    Ok(())
 }

@@ -128,10 +128,14 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
                 "" => paint("36", format!("{step}.")),
                 t => paint("36", format!("{step}. thought: {t}")),
             };
+            let loaded = match stats.loaded_tokens {
+                0 => String::new(),
+                n => format!(", {n} loaded"),
+            };
             s.push_str(&paint(
                 "2",
                 format!(
-                    "  [{} tokens, {} forced; prompt {} ({} reused); {:.1} s]",
+                    "  [{} tokens, {} forced; prompt {} ({} reused{loaded}); {:.1} s]",
                     stats.generated_tokens,
                     stats.forced_tokens,
                     stats.prompt_tokens,

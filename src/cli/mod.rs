@@ -75,6 +75,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Tokenize(a) => commands::tokenize(a)?,
         Cmd::Generate(a) => return commands::generate(a),
         Cmd::Bench(a) => commands::bench(a, threads)?,
+        Cmd::Cache { cmd } => commands::cache(cmd)?,
         Cmd::Run(a) => return stop_on_signals().scope(|| agent::run_agent(a)),
         Cmd::Eval(a) => {
             let cancel = stop_on_signals();
@@ -85,6 +86,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether the prompt cache may be used: not when `REAGENT_PROMPT_CACHE=0`.
+fn prompt_cache_on() -> bool {
+    std::env::var("REAGENT_PROMPT_CACHE").map_or(true, |v| v != "0")
 }
 
 /// Loads the model the flags name (the catalog default when none), fetching a catalog model when absent.

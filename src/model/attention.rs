@@ -30,6 +30,15 @@ enum KvStore {
     },
 }
 
+/// One layer's cached keys and values for `len` positions: per KV head, `len × d` values each.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvBlock {
+    pub d: usize,
+    pub len: usize,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+}
+
 /// Positions added to a KV buffer when it grows (at the least).
 const KV_CHUNK: usize = 128;
 
@@ -82,6 +91,42 @@ impl KvCache {
             let keep = self.len * *d;
             k.iter_mut().chain(v.iter_mut()).for_each(|b| b.truncate(keep));
         }
+    }
+
+    /// The first `len` positions' keys and values, per KV head (host buffers only; `None` on another
+    /// device or when fewer positions are cached).
+    pub(crate) fn export(&self, len: usize) -> Option<KvBlock> {
+        let KvStore::Host { k, v, d } = &self.store else { return None };
+        if len > self.len || (len > 0 && *d == 0) {
+            return None;
+        }
+        let cut = |bufs: &Vec<Vec<f32>>| bufs.iter().map(|b| b[..len * *d].to_vec()).collect();
+        Some(KvBlock { d: *d, len, k: cut(k), v: cut(v) })
+    }
+
+    /// Replaces the cache with `block`'s positions (host buffers only).
+    pub(crate) fn import(&mut self, block: &KvBlock) -> Result<()> {
+        let KvStore::Host { k, v, d } = &mut self.store else {
+            return Err(Error::param("cache", "a saved prefix loads into host buffers only"));
+        };
+        if block.len > self.max {
+            return Err(Error::ContextOverflow { needed: block.len, capacity: self.max });
+        }
+        *d = block.d;
+        let fill = |to: &mut Vec<Vec<f32>>, from: &Vec<Vec<f32>>| {
+            *to = from
+                .iter()
+                .map(|b| {
+                    let mut buf = Vec::with_capacity(grown(0, block.len, self.max) * block.d);
+                    buf.extend_from_slice(b);
+                    buf
+                })
+                .collect()
+        };
+        fill(k, &block.k);
+        fill(v, &block.v);
+        self.len = block.len;
+        Ok(())
     }
 
     /// The live keys and values on the host (CPU only).

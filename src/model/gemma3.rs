@@ -169,6 +169,22 @@ impl super::Network for Gemma3 {
         }
     }
 
+    fn export_kv(&self, len: usize) -> Option<Vec<super::attention::KvBlock>> {
+        self.blocks.iter().map(|b| b.cache.export(len)).collect()
+    }
+
+    fn import_kv(&mut self, blocks: &[super::attention::KvBlock]) -> Result<()> {
+        let len = blocks.first().map_or(0, |b| b.len);
+        if blocks.len() != self.blocks.len() || blocks.iter().any(|b| b.len != len) {
+            return Err(crate::error::Error::param("cache", "a saved prefix of another shape"));
+        }
+        for (b, block) in self.blocks.iter_mut().zip(blocks) {
+            b.cache.import(block)?;
+        }
+        self.len = len;
+        Ok(())
+    }
+
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         if let ([token], true) = (tokens, self.host_steps) {
             return self.step(*token);

@@ -9,7 +9,7 @@
 // Internals that tests and benches reach (hidden from the docs; not a stable API).
 #[doc(hidden)]
 pub mod amx;
-pub(crate) mod attention;
+pub mod attention;
 #[doc(hidden)]
 pub mod gemma3;
 pub(crate) mod host;
@@ -19,6 +19,7 @@ pub(crate) mod layers;
 #[doc(hidden)]
 pub mod llama;
 pub(crate) mod pool;
+pub mod prompt_cache;
 #[doc(hidden)]
 pub mod tiny;
 
@@ -105,6 +106,10 @@ pub(crate) trait Network: Send {
     fn truncate(&mut self, len: usize);
     /// Runs `tokens` after the cached positions; the logits of the last one.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// Each layer's keys and values for the first `len` positions (`None` off the CPU).
+    fn export_kv(&self, len: usize) -> Option<Vec<attention::KvBlock>>;
+    /// Replaces the cache with saved positions.
+    fn import_kv(&mut self, blocks: &[attention::KvBlock]) -> Result<()>;
 }
 
 /// Options for [`crate::text::Model::load`] (the tokenizer option is read there).
@@ -157,6 +162,8 @@ pub struct ModelInfo {
     pub load_time: Duration,
     /// Whether the weights are on huge pages ([`LoadOptions::huge_pages`], granted by the kernel).
     pub huge_pages: bool,
+    /// Whether every product runs in f32 ([`LoadOptions::f32_reference`]).
+    pub f32_reference: bool,
 }
 
 /// A GGUF file's network: its weights on a device and the KV cache.
@@ -196,6 +203,7 @@ impl Transformer {
             hparams,
             load_time: started.elapsed(),
             huge_pages,
+            f32_reference: opts.f32_reference,
         };
         Ok(Self { net, info })
     }
@@ -204,6 +212,27 @@ impl Transformer {
     pub fn info(&self) -> &ModelInfo {
         &self.info
     }
+
+    /// The KV cache's first `len` positions, to save ([`prompt_cache`]); `None` off the CPU or when fewer
+    /// positions are cached.
+    pub fn export_prefix(&self, len: usize) -> Option<KvPrefix> {
+        Some(KvPrefix { layers: self.net.export_kv(len)?, len })
+    }
+
+    /// Replaces the KV cache with a saved prefix.
+    pub fn import_prefix(&mut self, prefix: &KvPrefix) -> Result<()> {
+        if prefix.len > self.context_length() {
+            return Err(Error::ContextOverflow { needed: prefix.len, capacity: self.context_length() });
+        }
+        self.net.import_kv(&prefix.layers)
+    }
+}
+
+/// Saved KV cache positions of a model: every layer's keys and values for the first `len` tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvPrefix {
+    pub len: usize,
+    pub layers: Vec<attention::KvBlock>,
 }
 
 impl LanguageModel for Transformer {

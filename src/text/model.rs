@@ -66,6 +66,16 @@ impl Model {
         crate::catalog::entry_of_file(&self.info().path, self.info().file_bytes)
     }
 
+    /// The KV cache's first `len` positions, to save ([`crate::model::prompt_cache`]).
+    pub fn export_prefix(&self, len: usize) -> Option<crate::model::KvPrefix> {
+        self.lm.export_prefix(len)
+    }
+
+    /// Replaces the KV cache with a saved prefix.
+    pub fn import_prefix(&mut self, prefix: &crate::model::KvPrefix) -> Result<()> {
+        self.lm.import_prefix(prefix)
+    }
+
     /// The tokenizer (shared).
     pub fn tokenizer(&self) -> &Arc<Tokenizer> {
         &self.tokenizer
