@@ -97,6 +97,7 @@ fn calls_a_tool_then_answers_with_the_observation_in_the_conversation() {
             "decision_extracted",
             "tool_call_started",
             "tool_call_completed",
+            "step_completed",
             "decision_extracted",
             "final_answer"
         ]

@@ -162,7 +162,9 @@ fn run_prints_jsonl_events_writes_a_trace_and_exits_1_without_an_answer() {
     assert!(events.iter().any(|e| e["event"] == "decision_extracted" && e["decision"]["tool"] == "calculator"));
     let lines: Vec<serde_json::Value> =
         std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), events.len() + 1);
+    // The trace: the run's header, every event, the transcript.
+    assert_eq!(lines.len(), events.len() + 2);
+    assert_eq!(lines[0]["trace"]["task"], "add two numbers");
     assert_eq!(lines.last().unwrap()["transcript"]["stop_reason"]["kind"], "max_steps");
 }
 
@@ -520,4 +522,44 @@ fn a_second_run_loads_the_saved_system_prompt() {
     assert_eq!(run(&["--no-prompt-cache"]), 0);
     assert!(stderr(&cache("clear")).contains("removed 1 saved prompts"));
     assert!(String::from_utf8_lossy(&cache("list").stdout).is_empty());
+}
+
+/// `reagent run --resume TRACE` goes on with a run whose trace was cut after its first step (as a kill
+/// leaves it): with greedy decoding and every prompt computed afresh, its later decisions are the
+/// uninterrupted run's. A trace of another task is refused, naming what differs.
+#[test]
+fn a_cut_run_resumes_to_the_same_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = real_model_path("smollm2-135m");
+    let (full, cut) = (dir.path().join("full.jsonl"), dir.path().join("cut.jsonl"));
+    let common = ["--model", model.to_str().unwrap(), "--builtin", "calculator", "--first-call", "always"];
+    let same = ["--no-prefix-reuse", "--max-steps", "3"];
+    let o =
+        reagent(&[&["run"][..], &common, &same, &["--trace", full.to_str().unwrap(), "What is 12 * 7 + 5?"]].concat());
+    let decisions = |path: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == "decision_extracted")
+            .map(|e| e["decision"].clone())
+            .collect()
+    };
+    let whole = decisions(&full);
+    assert!(whole.len() >= 2, "{whole:?} {}", stderr(&o));
+    let text = std::fs::read_to_string(&full).unwrap();
+    let first_step_end = text.lines().position(|l| l.contains("\"step_completed\"")).expect("a completed step");
+    std::fs::write(&cut, text.lines().take(first_step_end + 1).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let resumed = reagent(&[&["run"][..], &common, &same, &["--resume", cut.to_str().unwrap()]].concat());
+    assert_eq!(resumed.status.code(), o.status.code(), "{}", stderr(&resumed));
+    assert!(stderr(&resumed).contains("resumed: 1 step(s) replayed"), "{}", stderr(&resumed));
+    assert_eq!(decisions(&cut), whole, "the resumed trace holds the same decisions");
+    // The trace now ends with the transcript: nothing left to resume.
+    let again = reagent(&[&["run"][..], &common, &same, &["--resume", cut.to_str().unwrap()]].concat());
+    assert_clean_failure(&again, &["nothing to resume"]);
+    // Another task's run is not resumed as this one.
+    std::fs::write(&cut, text.lines().take(first_step_end + 1).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let other =
+        reagent(&[&["run"][..], &common, &same, &["--resume", cut.to_str().unwrap(), "What is 2 + 2?"]].concat());
+    assert_clean_failure(&other, &["another run", "task:"]);
 }

@@ -5,6 +5,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
 use super::events::{AgentEvent, EventSink, Transcript};
 use crate::error::{Error, Result};
 
@@ -37,6 +40,21 @@ impl EventLog {
             None => serde_json::json!(event),
         };
         self.write_line(&line);
+    }
+
+    /// The run's header, the first line of a run's log ([`read_trace`]).
+    pub fn write_header(&self, header: &TraceHeader) {
+        self.write_line(&serde_json::json!({ "trace": header }));
+    }
+
+    /// Opens an existing run's log to go on writing it (a resumed run): cut to the `bytes` of its complete
+    /// lines ([`RecordedRun::bytes`]), then appended to.
+    pub fn append(path: &Path, bytes: u64) -> Result<Self> {
+        let file = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| Error::io(path, e))?;
+        file.set_len(bytes).map_err(|e| Error::io(path, e))?;
+        let mut file = file;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| Error::io(path, e))?;
+        Ok(Self { path: path.to_path_buf(), file: Arc::new(Mutex::new((file, None))), task: None })
     }
 
     /// The run's transcript, the last line of a run's log.
@@ -76,4 +94,176 @@ impl std::fmt::Debug for EventLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventLog").field("path", &self.path).field("task", &self.task).finish()
     }
+}
+
+/// What a run's trace says about the run (the first line of `reagent run --trace`): enough to tell
+/// whether a resumed run is the same run ([`TraceHeader::differences`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct TraceHeader {
+    /// The trace format's version.
+    pub version: u32,
+    pub task: String,
+    /// The model file's name, size and (for catalog files) sha256.
+    pub model: String,
+    /// Each tool's name and a hash of its description and schema.
+    pub tools: Vec<String>,
+    /// The decision settings, as `reagent eval` describes them.
+    pub settings: String,
+}
+
+/// The trace format [`TraceHeader::version`] this build writes and reads.
+pub const TRACE_VERSION: u32 = 1;
+
+impl TraceHeader {
+    pub fn new(task: &str, model: String, tools: &[crate::tools::ToolSpec], settings: String) -> Self {
+        let tools = tools
+            .iter()
+            .map(|t| {
+                let mut h = sha2::Sha256::new();
+                h.update(t.description.as_bytes());
+                h.update(t.parameters.to_string().as_bytes());
+                let digest: String = h.finalize().iter().take(6).map(|b| format!("{b:02x}")).collect();
+                format!("{}#{digest}", t.name)
+            })
+            .collect();
+        Self { version: TRACE_VERSION, task: task.to_string(), model, tools, settings }
+    }
+
+    /// What differs between the run a trace recorded (`self`) and the one about to resume it, one line
+    /// each; empty when they are the same run.
+    pub fn differences(&self, now: &TraceHeader) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.version != now.version {
+            out.push(format!("trace format {} (this build reads {})", self.version, now.version));
+        }
+        if self.task != now.task {
+            out.push(format!("task: `{}` in the trace, `{}` now", short(&self.task), short(&now.task)));
+        }
+        if self.model != now.model {
+            out.push(format!("model: {} in the trace, {} now", self.model, now.model));
+        }
+        if self.tools != now.tools {
+            let gone: Vec<&str> = self.tools.iter().filter(|t| !now.tools.contains(t)).map(String::as_str).collect();
+            let new: Vec<&str> = now.tools.iter().filter(|t| !self.tools.contains(t)).map(String::as_str).collect();
+            out.push(format!("tools: only in the trace [{}], only now [{}]", gone.join(", "), new.join(", ")));
+        }
+        if self.settings != now.settings {
+            out.push(format!("decision settings: `{}` in the trace, `{}` now", self.settings, now.settings));
+        }
+        out
+    }
+}
+
+fn short(s: &str) -> String {
+    let cut: String = s.chars().take(60).collect();
+    if cut.len() < s.len() {
+        format!("{cut}…")
+    } else {
+        cut
+    }
+}
+
+/// One step of a recorded run, for [`Agent::resume`](super::Agent::resume).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RecordedStep {
+    pub decision: super::Decision,
+    /// The decision as the model wrote it.
+    pub text: String,
+    /// The whole step, when it completed (its calls' outcomes known).
+    pub record: Option<super::Step>,
+    /// For a step the run stopped inside: the calls that started, with their outcomes where they were
+    /// recorded.
+    pub started: Vec<(crate::tools::ToolCall, Option<crate::tools::CallOutcome>)>,
+}
+
+/// What a run's trace holds: its header, the steps it recorded, and whether it ended.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RecordedRun {
+    pub header: Option<TraceHeader>,
+    pub steps: Vec<RecordedStep>,
+    /// The trace ends with the run's transcript: there is nothing to resume.
+    pub finished: bool,
+    /// Complete lines read; a torn or unreadable line and everything after it are not used.
+    pub lines: usize,
+    /// Bytes of the complete lines (where an appended trace continues).
+    pub bytes: u64,
+}
+
+/// Reads the trace of a run ([`EventLog`] of `reagent run --trace`). It is read up to its first line that
+/// is not a complete event (a torn last line of a killed run, or garbage): what comes before is used.
+pub fn read_trace(path: &Path) -> Result<RecordedRun> {
+    use super::events::AgentEvent as E;
+    let text = crate::limits::read_input(path, crate::limits::MAX_INPUT_BYTES)?;
+    let mut run = RecordedRun { header: None, steps: Vec::new(), finished: false, lines: 0, bytes: 0 };
+    for line in text.split_inclusive('\n') {
+        let Some(body) = line.strip_suffix('\n') else { break };
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else { break };
+        if let Some(h) = value.get("trace") {
+            let Ok(h) = serde_json::from_value(h.clone()) else { break };
+            run.header = Some(h);
+        } else if value.get("transcript").is_some() {
+            run.finished = true;
+        } else if value.get("event").is_some_and(|e| e.is_string()) {
+            let Ok(event) = event_of(&value) else { break };
+            match event {
+                E::DecisionExtracted { decision, text, .. } => {
+                    run.steps.push(RecordedStep { decision, text, record: None, started: Vec::new() })
+                }
+                E::ToolCallStarted { call, .. } => {
+                    if let Some(s) = run.steps.last_mut() {
+                        s.started.push((call, None));
+                    }
+                }
+                E::ToolCallCompleted { call, outcome, .. } => {
+                    if let Some((_, o)) = run
+                        .steps
+                        .last_mut()
+                        .and_then(|s| s.started.iter_mut().rev().find(|(c, o)| *c == call && o.is_none()))
+                    {
+                        *o = Some(outcome);
+                    }
+                }
+                E::StepCompleted { record, .. } => {
+                    if let Some(s) = run.steps.last_mut() {
+                        s.record = Some(record);
+                    }
+                }
+                _ => {}
+            }
+        } else {
+            break;
+        }
+        run.lines += 1;
+        run.bytes += line.len() as u64;
+    }
+    Ok(run)
+}
+
+/// The events a resume reads, from a trace line (others come back as `RunResumed`, which it skips).
+fn event_of(v: &serde_json::Value) -> std::result::Result<super::events::AgentEvent, String> {
+    use super::events::AgentEvent as E;
+    fn field<T: serde::de::DeserializeOwned>(v: &serde_json::Value, k: &str) -> std::result::Result<T, String> {
+        let x = v.get(k).cloned().ok_or_else(|| format!("no `{k}`"))?;
+        serde_json::from_value(x).map_err(|e| format!("`{k}`: {e}"))
+    }
+    Ok(match v["event"].as_str().unwrap_or_default() {
+        "decision_extracted" => E::DecisionExtracted {
+            step: field(v, "step")?,
+            decision: field(v, "decision")?,
+            stats: field(v, "stats")?,
+            text: field(v, "text")?,
+        },
+        "tool_call_started" => E::ToolCallStarted { step: field(v, "step")?, call: field(v, "call")? },
+        "tool_call_completed" => E::ToolCallCompleted {
+            step: field(v, "step")?,
+            call: field(v, "call")?,
+            outcome: field(v, "outcome")?,
+            seconds: field(v, "seconds")?,
+        },
+        "step_completed" => E::StepCompleted { step: field(v, "step")?, record: field(v, "record")? },
+        _ => E::RunResumed { steps: 0 },
+    })
 }

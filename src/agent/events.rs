@@ -1,14 +1,14 @@
 //! Typed events of an agent run, delivered to an [`EventSink`] as they happen, and the [`Transcript`]
 //! a run returns.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::decision::Decision;
 use crate::tools::{CallOutcome, ToolCall};
 
 /// Token counts and time of one decision's generation.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct DecisionStats {
     /// Prompt tokens of this decision.
@@ -26,7 +26,7 @@ pub struct DecisionStats {
     pub seconds: f64,
     /// Logit margins where branch biases applied (native format: call vs answer, then one more call vs
     /// stop after each call), for tuning the biases offline.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", skip_deserializing)]
     pub branch_margins: Vec<crate::decode::constraint::BranchMargin>,
 }
 
@@ -70,6 +70,8 @@ pub enum AgentEvent {
         step: usize,
         decision: Decision,
         stats: DecisionStats,
+        /// The decision as the model wrote it (the assistant turn the conversation keeps).
+        text: String,
     },
     /// The generation ended without a complete decision (token limit, unparsable output).
     ExtractionFailed {
@@ -123,6 +125,16 @@ pub enum AgentEvent {
         step: usize,
         tool: String,
         reason: String,
+    },
+    /// A step's calls ran (or were refused) and their results are known: the record a resumed run
+    /// replays ([`Agent::resume`](super::Agent::resume)).
+    StepCompleted {
+        step: usize,
+        record: Step,
+    },
+    /// A run resumed from a trace: its first `steps` steps were replayed from the record, not made again.
+    RunResumed {
+        steps: usize,
     },
     FinalAnswer {
         step: usize,
@@ -188,7 +200,7 @@ impl std::fmt::Display for StopReason {
 }
 
 /// One executed tool call of a step.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct CallRecord {
     pub call: ToolCall,
@@ -196,7 +208,7 @@ pub struct CallRecord {
 }
 
 /// One step: the decision, what its calls returned, and how it was produced.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Step {
     pub decision: Decision,
@@ -208,7 +220,7 @@ pub struct Step {
     pub stats: DecisionStats,
     /// The first decision under `auto`: the [grounding](super::grounding::Evidence::grounding) of the first call the
     /// model made, whether or not it was kept.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<f32>,
 }
 

@@ -40,7 +40,7 @@ pub use crate::catalog::Profile;
 pub use crate::tools::ToolCall;
 pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
-pub use event_log::EventLog;
+pub use event_log::{read_trace, EventLog, RecordedRun, RecordedStep, TraceHeader, TRACE_VERSION};
 pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
 
 use crate::decode::constraint::Grammar;

@@ -9,7 +9,7 @@ use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{self, DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
-use super::{native, Agent, AgentConfig};
+use super::{native, Agent, AgentConfig, RecordedStep};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
@@ -130,10 +130,20 @@ impl Agent {
     /// the other turns follow it.
     pub fn run_conversation(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
         let cancel = self.cancel.clone();
-        cancel.scope(|| self.run_in_scope(conversation))
+        cancel.scope(|| self.run_in_scope(conversation, Vec::new()))
     }
 
-    fn run_in_scope(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
+    /// Goes on with a run that stopped (killed, interrupted) from what its trace recorded
+    /// ([`read_trace`](crate::agent::read_trace)): the recorded steps are replayed into the conversation
+    /// without deciding or running them again, then the run continues. A call that started but whose
+    /// outcome was not recorded runs again only when its tool is read-only; otherwise the model is told
+    /// its outcome is unknown. The caller checks that the trace is this task's, model's and tools'.
+    pub fn resume(&mut self, conversation: &[ChatMessage], recorded: Vec<RecordedStep>) -> Result<Transcript> {
+        let cancel = self.cancel.clone();
+        cancel.scope(|| self.run_in_scope(conversation, recorded))
+    }
+
+    fn run_in_scope(&mut self, conversation: &[ChatMessage], recorded: Vec<RecordedStep>) -> Result<Transcript> {
         let task = conversation
             .iter()
             .rev()
@@ -161,7 +171,17 @@ impl Agent {
         self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
         let (first_call_required, first_need) = self.first_call_required(&task);
         let mut run = RunState { first_call_required, first_need, task: task.clone(), ..RunState::default() };
+        let mut replay = std::collections::VecDeque::from(recorded);
+        if !replay.is_empty() {
+            self.emit(AgentEvent::RunResumed { steps: replay.len() });
+        }
         let stop = loop {
+            if let Some(rec) = replay.pop_front() {
+                match self.replay_step(&mut run, &mut messages, rec) {
+                    Some(stop) => break stop,
+                    None => continue,
+                }
+            }
             if crate::limits::interrupted() {
                 break StopReason::Interrupted;
             }
@@ -284,24 +304,89 @@ impl Agent {
             self.drop_unstated(&turns.evidence, &mut decided);
         }
         let Decided { decision, text, stats, retries } = decided;
-        self.emit(AgentEvent::DecisionExtracted { step: step_no, decision: decision.clone(), stats: stats.clone() });
+        self.emit(AgentEvent::DecisionExtracted {
+            step: step_no,
+            decision: decision.clone(),
+            stats: stats.clone(),
+            text: text.clone(),
+        });
         messages.push(ChatMessage::assistant(text));
-        let mut step =
-            Step { decision: decision.clone(), calls: Vec::new(), observation: None, retries, stats, grounding };
+        let step = Step { decision: decision.clone(), calls: Vec::new(), observation: None, retries, stats, grounding };
         if let Decision::FinalAnswer { answer, .. } = &decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
             run.steps.push(step);
             return Ok(Some(StopReason::FinalAnswer));
         }
-        if self.run_calls(step_no, &decision, &mut step, run, forced_after_error) {
+        self.finish_step(step_no, step, run, messages, forced_after_error, &[]);
+        Ok(None)
+    }
+
+    /// Runs a decided step's calls (`known`: see [`Self::run_calls`]), adds their observations to the
+    /// conversation (whose last turn is the decision), records the step and says it is complete.
+    fn finish_step(
+        &mut self,
+        step_no: usize,
+        mut step: Step,
+        run: &mut RunState,
+        messages: &mut Vec<ChatMessage>,
+        forced_after_error: bool,
+        known: &[(ToolCall, Option<CallOutcome>)],
+    ) {
+        let decision = step.decision.clone();
+        if self.run_calls(step_no, &decision, &mut step, run, forced_after_error, known) {
             // Every call was held: the model never sees them (it would make them again, or give the reason
             // as its answer) and answers from what it had (the transcript keeps the step).
             messages.pop();
         } else {
             messages.extend(self.observation_messages(&mut step));
         }
+        self.emit(AgentEvent::StepCompleted { step: step_no, record: step.clone() });
         run.steps.push(step);
-        Ok(None)
+    }
+
+    /// A step of an earlier, interrupted run, from its trace: the decision is not made again, and the calls
+    /// whose outcomes were recorded are not run again. Returns the stop reason when the run ends here.
+    fn replay_step(
+        &mut self,
+        run: &mut RunState,
+        messages: &mut Vec<ChatMessage>,
+        rec: RecordedStep,
+    ) -> Option<StopReason> {
+        let step_no = run.steps.len() + 1;
+        run.first_need = None;
+        std::mem::take(&mut run.after_error);
+        messages.push(ChatMessage::assistant(rec.text.clone()));
+        if let Some(mut record) = rec.record {
+            // Complete: the conversation and the run's bookkeeping as they were, nothing run.
+            let known: Vec<(ToolCall, Option<CallOutcome>)> =
+                record.calls.iter().map(|c| (c.call.clone(), Some(c.outcome.clone()))).collect();
+            let held_all = !record.calls.is_empty() && record.observation.is_none();
+            let mut step = Step { calls: Vec::new(), ..record.clone() };
+            self.run_calls(step_no, &record.decision, &mut step, run, false, &known);
+            if held_all {
+                messages.pop();
+                run.force_answer = self.config.tool_choice == ToolChoice::Auto;
+            } else {
+                messages.extend(self.observation_messages(&mut record));
+            }
+            run.steps.push(record);
+            return None;
+        }
+        let step = Step {
+            decision: rec.decision.clone(),
+            calls: Vec::new(),
+            observation: None,
+            retries: 0,
+            stats: DecisionStats::default(),
+            grounding: None,
+        };
+        if let Decision::FinalAnswer { answer, .. } = &rec.decision {
+            self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
+            run.steps.push(step);
+            return Some(StopReason::FinalAnswer);
+        }
+        self.finish_step(step_no, step, run, messages, false, &rec.started);
+        None
     }
 
     /// Proposes one more call after the decision's calls (the driver continues the reply under `grammar`)

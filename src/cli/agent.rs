@@ -24,8 +24,35 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let sampling = Sampling::from_params(a.temperature, None, None)?;
     let mut config = run_config(&a)?;
     let tools = run_tools(&a)?;
-    let trace = a.trace.as_deref().map(EventLog::create).transpose()?;
+    let recorded = a.resume.as_deref().map(reagent::agent::read_trace).transpose()?;
+    let task = match (&a.task, &recorded) {
+        (Some(t), _) => t.clone(),
+        (None, Some(r)) => r.header.as_ref().map(|h| h.task.clone()).unwrap_or_default(),
+        (None, None) => unreachable!("clap requires a task without --resume"),
+    };
+    if let (Some(r), Some(path)) = (&recorded, &a.resume) {
+        if r.header.is_none() {
+            bail!(
+                "{}: not the trace of a run (its first line is not a `trace` header from `reagent run --trace`)",
+                path.display()
+            );
+        }
+        if r.finished {
+            bail!("{}: the run it recorded ended (its transcript is there); nothing to resume", path.display());
+        }
+    }
+    let trace = match (&a.resume, &recorded) {
+        (Some(path), Some(r)) => Some(EventLog::append(path, r.bytes)?),
+        _ => a.trace.as_deref().map(EventLog::create).transpose()?,
+    };
     let model = load(&a.model)?;
+    let model_id = {
+        let info = model.info();
+        let name =
+            info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let sha = model.catalog_entry().map(|e| format!(", sha256 {}", e.sha256)).unwrap_or_default();
+        format!("{name} ({} bytes{sha})", info.file_bytes)
+    };
     let mut driver = match a.agent.no_grammar {
         true => ModelDriver::free_form(model, sampling, a.seed),
         false => ModelDriver::constrained(model, sampling, a.seed)?,
@@ -38,6 +65,21 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     }
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
+    let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
+    let header = reagent::agent::TraceHeader::new(&task, model_id, &specs, super::args::describe_decisions(&config));
+    if let (Some(r), Some(path)) = (&recorded, &a.resume) {
+        let differences = r.header.as_ref().map(|h| h.differences(&header)).unwrap_or_default();
+        if !differences.is_empty() && !a.resume_anyway {
+            bail!(
+                "{}: another run than this one ({}); --resume-anyway resumes it anyway",
+                path.display(),
+                differences.join("; ")
+            );
+        }
+    }
+    if let (Some(t), None) = (&trace, &recorded) {
+        t.write_header(&header);
+    }
     let (json, colour) = (a.json, std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let events = trace.clone();
     let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
@@ -61,7 +103,10 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         builder = builder.interceptor(display::Confirm);
     }
     let mut agent = builder.build()?;
-    let transcript = agent.run(&a.task)?;
+    let transcript = match recorded {
+        Some(r) => agent.resume(&[reagent::ChatMessage::user(task.clone())], r.steps)?,
+        None => agent.run(&task)?,
+    };
     drop(agent);
     if let Some(t) = &trace {
         t.write_transcript(&transcript);

@@ -87,8 +87,17 @@ pub(crate) struct EvalArgs {
 
 #[derive(Args)]
 pub(crate) struct RunArgs {
-    /// The task.
-    pub(crate) task: String,
+    /// The task (with --resume: the trace's task when left out).
+    #[arg(required_unless_present = "resume")]
+    pub(crate) task: Option<String>,
+    /// Go on with the run a --trace file recorded (killed, interrupted): its decisions and tool results
+    /// are replayed, not made or run again, and the trace is appended to. A call that started without a
+    /// recorded result runs again only when its tool is read-only.
+    #[arg(long, value_name = "TRACE", conflicts_with = "trace")]
+    pub(crate) resume: Option<PathBuf>,
+    /// Resume although the trace's task, model, tools or decision settings differ from this run's.
+    #[arg(long, requires = "resume")]
+    pub(crate) resume_anyway: bool,
     #[command(flatten)]
     pub(crate) model: ModelArgs,
     /// Offer the write_file tool.

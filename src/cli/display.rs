@@ -122,7 +122,7 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
         ),
         RunStarted { tools, driver, .. } => paint("2", format!("[{driver} decisions; tools: {}]", tools.join(", "))),
         StepStarted { .. } => return,
-        DecisionExtracted { step, decision, stats } => {
+        DecisionExtracted { step, decision, stats, .. } => {
             // Native decisions have no thought: the line then only numbers the step.
             let mut s = match decision.thought() {
                 "" => paint("36", format!("{step}.")),
@@ -169,6 +169,7 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
             paint("2", format!("   + proposed {} {}: {verdict}", call.tool, call.args))
         }
         CallRequired { reason, .. } => paint("2", format!("[a tool call is required: {reason}]")),
+        RunResumed { steps } => paint("2", format!("[resumed: {steps} step(s) replayed from the trace]")),
         FinalAnswer { answer, .. } => paint("1;32", format!("answer: {answer}")),
         RunFailed { reason } => paint("31", format!("stopped: {reason}")),
         // An event this display does not know yet (the enum is non-exhaustive): it is in `--json`.

@@ -31,7 +31,7 @@ pub trait Interceptor: Send {
 }
 
 /// How a call ended.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum CallOutcome {

@@ -16,7 +16,9 @@ const CYCLE_WINDOW: usize = 2;
 impl Agent {
     /// Runs the decision's calls into `step.calls`, noting in `run` whether the next step must answer (a
     /// refused repeat, a held call) or call again (a failure, when the settings ask for it). Returns
-    /// whether every call was held ([`Self::untrusted`]).
+    /// whether every call was held ([`Self::untrusted`]). `known`: for a step replayed from a trace, the
+    /// calls that started before the run stopped, with their outcomes where they are known; those are not
+    /// run again, and one whose outcome is unknown runs again only when it is read-only.
     pub(super) fn run_calls(
         &mut self,
         step_no: usize,
@@ -24,21 +26,50 @@ impl Agent {
         step: &mut Step,
         run: &mut RunState,
         forced_after_error: bool,
+        known: &[(ToolCall, Option<CallOutcome>)],
     ) -> bool {
         let calls = decision.calls();
         let mut held = 0;
-        for call in decision.calls() {
-            if let Some(reason) = self.untrusted(&call, run) {
-                // Not a failure to retry or to keep out of the answer: the model answers without it (a
-                // model that was told to make the call otherwise makes it again until the steps run out).
-                run.force_answer = self.config.tool_choice == ToolChoice::Auto;
-                self.emit(AgentEvent::ToolCallBlocked { step: step_no, call: call.clone(), reason: reason.clone() });
-                let outcome = CallOutcome::Blocked { reason: format!("{reason}; it was not run") };
-                step.calls.push(CallRecord { call, outcome });
-                held += 1;
-                continue;
-            }
-            let (call, outcome) = self.call(step_no, call, &mut run.recent, &mut run.history);
+        for (i, call) in decision.calls().into_iter().enumerate() {
+            let recorded = known.get(i).filter(|(c, _)| *c == call).map(|(_, o)| o.clone());
+            let (call, outcome) = match recorded {
+                Some(Some(outcome)) => {
+                    note_outcome(&call, &outcome, &mut run.recent, &mut run.history);
+                    (call, outcome)
+                }
+                Some(None) if !self.executor.tools().get(&call.tool).is_some_and(|t| t.read_only()) => {
+                    let outcome = CallOutcome::Error {
+                        message: "the run stopped while this call ran, so whether it did anything is unknown; \
+                                  it was not run again"
+                            .into(),
+                    };
+                    self.emit(AgentEvent::ToolCallBlocked {
+                        step: step_no,
+                        call: call.clone(),
+                        reason: outcome.observation(),
+                    });
+                    note_outcome(&call, &outcome, &mut run.recent, &mut run.history);
+                    (call, outcome)
+                }
+                _ => {
+                    if let Some(reason) = self.untrusted(&call, run) {
+                        // Not a failure to retry or to keep out of the answer: the model answers without it
+                        // (a model that was told to make the call otherwise makes it again until the steps
+                        // run out).
+                        run.force_answer = self.config.tool_choice == ToolChoice::Auto;
+                        self.emit(AgentEvent::ToolCallBlocked {
+                            step: step_no,
+                            call: call.clone(),
+                            reason: reason.clone(),
+                        });
+                        let outcome = CallOutcome::Blocked { reason: format!("{reason}; it was not run") };
+                        step.calls.push(CallRecord { call, outcome });
+                        held += 1;
+                        continue;
+                    }
+                    self.call(step_no, call, &mut run.recent, &mut run.history)
+                }
+            };
             if matches!(outcome, CallOutcome::Repeated { .. }) {
                 run.force_answer = self.config.tool_choice == ToolChoice::Auto;
             }
@@ -210,4 +241,19 @@ impl Agent {
         }
         None
     }
+}
+
+/// Records a call's known outcome as [`Agent::call`] records the ones it runs: in the run of identical
+/// calls, and in the history.
+fn note_outcome(
+    call: &ToolCall,
+    outcome: &CallOutcome,
+    recent: &mut Vec<(ToolCall, CallOutcome)>,
+    history: &mut Vec<(ToolCall, CallOutcome)>,
+) {
+    if recent.last().is_some_and(|(c, _)| c != call) {
+        recent.clear();
+    }
+    recent.push((call.clone(), outcome.clone()));
+    history.push((call.clone(), outcome.clone()));
 }

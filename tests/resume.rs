@@ -1,0 +1,138 @@
+//! Durable runs: a run killed at any event boundary resumes from its trace to the same answer, and each
+//! call that changes things runs once, or is reported unknown when the kill fell inside it.
+
+use std::sync::{Arc, Mutex};
+
+use reagent::agent::{read_trace, Agent, EventLog, ScriptedDriver, StopReason, TraceHeader};
+use reagent::tools::{FnTool, ToolError};
+use reagent::ToolSpec;
+use serde_json::{json, Value};
+
+fn call(tool: &str, args: Value) -> String {
+    json!({"thought": "", "type": "call_tool", "tool": tool, "args": args}).to_string()
+}
+
+fn answer(a: &str) -> String {
+    json!({"thought": "", "type": "final_answer", "answer": a}).to_string()
+}
+
+const TASK: &str = "Read a, write hello to out.txt, add 1+2, write done to log.txt";
+
+fn script() -> Vec<String> {
+    vec![
+        call("read", json!({"name": "a"})),
+        call("write", json!({"path": "out.txt", "text": "hello"})),
+        call("calc", json!({"expression": "1+2"})),
+        call("write", json!({"path": "log.txt", "text": "done"})),
+        answer("finished"),
+    ]
+}
+
+fn params() -> Value {
+    json!({"type": "object", "properties": {"name": {"type": "string"}, "path": {"type": "string"},
+        "text": {"type": "string"}, "expression": {"type": "string"}}})
+}
+
+/// An agent over the scripted decisions from `from` on, whose `write` tool counts its runs in `writes`.
+fn agent(from: usize, writes: Arc<Mutex<Vec<Value>>>, log: Option<EventLog>) -> Agent {
+    let read = FnTool::new(ToolSpec::new("read", "Reads a note.", params()).unwrap(), |_: &Value| {
+        Ok::<_, ToolError>(json!("alpha content"))
+    })
+    .read_only();
+    let calc = FnTool::new(ToolSpec::new("calc", "Adds.", params()).unwrap(), |_: &Value| Ok::<_, ToolError>(json!(3)))
+        .read_only();
+    let write = FnTool::new(ToolSpec::new("write", "Writes a file.", params()).unwrap(), move |a: &Value| {
+        writes.lock().unwrap().push(a.clone());
+        Ok::<_, ToolError>(json!("written"))
+    });
+    let mut b = Agent::builder()
+        .driver(ScriptedDriver::new(script().split_off(from)))
+        .tool(read)
+        .tool(calc)
+        .tool(write)
+        .config(reagent::AgentConfig::default().first_call(reagent::agent::FirstCall::Never));
+    if let Some(log) = log {
+        b = b.events(log);
+    }
+    b.build().unwrap()
+}
+
+/// Kills at every event boundary (the trace cut after each of its lines, as a SIGKILL leaves it: every
+/// line is written whole before the run goes on), and between a call's start and its end.
+#[test]
+fn a_run_killed_at_any_event_resumes_to_the_same_end_with_each_write_done_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full.jsonl");
+    let writes: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let log = EventLog::create(&full).unwrap();
+    let header = TraceHeader::new(TASK, "model".into(), &[], "settings".into());
+    log.write_header(&header);
+    let t = agent(0, writes.clone(), Some(log.clone())).run(TASK).unwrap();
+    log.write_transcript(&t);
+    assert_eq!(t.final_answer.as_deref(), Some("finished"));
+    let total = writes.lock().unwrap().len();
+    assert_eq!(total, 2);
+    let text = std::fs::read_to_string(&full).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(read_trace(&full).unwrap().finished);
+
+    let mut resumed_runs = 0;
+    for k in 1..lines.len() {
+        let cut = dir.path().join(format!("cut-{k}.jsonl"));
+        std::fs::write(&cut, lines[..k].iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        // What ran before the kill: the writes whose start is in the trace (one started and not finished
+        // may or may not have done its work; counted as done).
+        let before = lines[..k].iter().filter(|l| l.contains("tool_call_started") && l.contains("\"write\"")).count();
+        let recorded = read_trace(&cut).unwrap();
+        assert_eq!(recorded.header.as_ref(), Some(&header));
+        assert!(!recorded.finished);
+        let steps = recorded.steps.len();
+        let after: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let log = EventLog::append(&cut, recorded.bytes).unwrap();
+        let t =
+            agent(steps, after.clone(), Some(log)).resume(&[reagent::ChatMessage::user(TASK)], recorded.steps).unwrap();
+        assert_eq!(t.stop_reason, StopReason::FinalAnswer, "cut after line {k}");
+        assert_eq!(t.final_answer.as_deref(), Some("finished"), "cut after line {k}");
+        assert_eq!(t.steps.len(), 5, "cut after line {k}");
+        assert_eq!(before + after.lock().unwrap().len(), total, "cut after line {k}: each write once");
+        // A write cut inside its call is not run again: its step says its outcome is unknown.
+        let inside = lines[k - 1].contains("tool_call_started") && lines[k - 1].contains("\"write\"");
+        if inside {
+            let unknown = t.steps.iter().flat_map(|s| &s.calls).any(|c| c.outcome.observation().contains("unknown"));
+            assert!(unknown, "cut after line {k}");
+        }
+        // The appended trace reads as one finished run... once the transcript is written.
+        resumed_runs += 1;
+    }
+    assert!(resumed_runs >= 15, "{resumed_runs}");
+}
+
+/// A trace with a torn last line (a kill mid-write) or garbage is read up to its last complete event; a
+/// header from another task, model or tool set says what differs.
+#[test]
+fn a_damaged_trace_is_read_to_its_last_complete_event_and_a_foreign_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    let writes: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let log = EventLog::create(&path).unwrap();
+    agent(0, writes, Some(log)).run(TASK).unwrap();
+    let whole = read_trace(&path).unwrap();
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("{\"event\": \"tool_call_sta");
+    std::fs::write(&path, &text).unwrap();
+    let torn = read_trace(&path).unwrap();
+    assert_eq!(torn.steps, whole.steps);
+    assert_eq!(torn.bytes, whole.bytes);
+    std::fs::write(&path, "garbage\n").unwrap();
+    let garbage = read_trace(&path).unwrap();
+    assert!(garbage.steps.is_empty() && garbage.lines == 0);
+
+    let spec = ToolSpec::new("write", "Writes a file.", params()).unwrap();
+    let then = TraceHeader::new(TASK, "a.gguf 10 bytes".into(), std::slice::from_ref(&spec), "react".into());
+    let other = ToolSpec::new("write", "Writes a file, appending.", params()).unwrap();
+    let now = TraceHeader::new("another task", "b.gguf 12 bytes".into(), &[other], "react".into());
+    let diff = then.differences(&now);
+    assert_eq!(diff.len(), 3, "{diff:?}");
+    assert!(diff[0].starts_with("task:") && diff[1].starts_with("model:") && diff[2].starts_with("tools:"), "{diff:?}");
+    assert!(then.differences(&then).is_empty());
+}
