@@ -963,3 +963,115 @@ fn a_loaded_prefix_continues_exactly_as_the_saved_one() {
     assert_eq!(cache.lookup(&other, 0).unwrap().len, 150);
     assert!(cache.lookup(&other, 150).is_none(), "no longer prefix than asked for");
 }
+
+/// Transient failures are retried as the tool's `Retry` says, each attempt an event: a failure that says
+/// nothing ran, for any tool; a timeout only for a read-only tool (a tool that changes things may have
+/// done its work). Other errors are not retried.
+#[test]
+fn transient_failures_are_retried_as_the_tool_allows() {
+    use reagent::tools::Retry;
+    let quick = Retry::new(3, Duration::from_millis(5));
+    let run = |t: Box<dyn reagent::Tool>| {
+        let t: Arc<dyn reagent::Tool> = Arc::from(t);
+        let events: Events = Arc::default();
+        let sink = events.clone();
+        let mut a = Agent::builder()
+            .driver(ScriptedDriver::new(vec![call("flaky", json!({})), answer("done")]))
+            .tools([t])
+            .config(
+                AgentConfig::default()
+                    .tool_timeout(Duration::from_millis(200))
+                    .first_call(reagent::agent::FirstCall::Never),
+            )
+            .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+            .build()
+            .unwrap();
+        let t = a.run("go").unwrap();
+        let retries = events.lock().unwrap().iter().filter(|e| matches!(e, AgentEvent::ToolCallRetried { .. })).count();
+        (t.steps[0].calls[0].outcome.clone(), retries)
+    };
+    let spec = || ToolSpec::new("flaky", "a flaky tool", json!({"type": "object", "properties": {}})).unwrap();
+    // Refused twice, then answers.
+    let calls = Arc::new(Mutex::new(0));
+    let n = calls.clone();
+    let refused = FnTool::new(spec(), move |_: &Value| {
+        let mut n = n.lock().unwrap();
+        *n += 1;
+        if *n <= 2 {
+            Err(ToolError("connection refused".into()))
+        } else {
+            Ok(json!("up"))
+        }
+    })
+    .retry(quick, |e| e.contains("connection refused"));
+    let (outcome, retries) = run(Box::new(refused));
+    assert_eq!((outcome, retries, *calls.lock().unwrap()), (CallOutcome::Ok { output: "up".into() }, 2, 3));
+    // Any other error is the tool's answer.
+    let calls = Arc::new(Mutex::new(0));
+    let n = calls.clone();
+    let broken = FnTool::new(spec(), move |_: &Value| {
+        *n.lock().unwrap() += 1;
+        Err(ToolError("bad input".into()))
+    })
+    .retry(quick, |e| e.contains("connection refused"));
+    let (_, retries) = run(Box::new(broken));
+    assert_eq!((retries, *calls.lock().unwrap()), (0, 1));
+    // Timeouts: retried for a read-only tool, never for one that changes things.
+    for read_only in [true, false] {
+        let calls = Arc::new(Mutex::new(0));
+        let n = calls.clone();
+        let slow = FnTool::new(spec(), move |_: &Value| {
+            *n.lock().unwrap() += 1;
+            std::thread::sleep(Duration::from_millis(400));
+            Ok(json!("late"))
+        })
+        .retry(Retry::new(1, Duration::from_millis(5)), |_| false);
+        let slow: Box<dyn reagent::Tool> = if read_only { Box::new(slow.read_only()) } else { Box::new(slow) };
+        let (outcome, retries) = run(slow);
+        assert!(matches!(outcome, CallOutcome::Timeout { .. }), "{outcome:?}");
+        assert_eq!(retries, usize::from(read_only), "read-only: {read_only}");
+        // The abandoned threads finish their sleep; the count is read after.
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(*calls.lock().unwrap(), 1 + usize::from(read_only));
+    }
+}
+
+/// A tools file's `retries` and `backoff_s`: a program that cannot be started is tried again (nothing
+/// ran), and out-of-range values are refused naming the key.
+#[test]
+fn a_program_tool_that_cannot_start_is_retried_as_its_tools_file_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tools.toml");
+    let def = |extra: &str| {
+        format!("[[tool]]\nname = \"flaky\"\ncommand = [\"/nonexistent/reagent-test-program\"]\n{extra}\n")
+    };
+    std::fs::write(&file, def("retries = 2\nbackoff_s = 0.01")).unwrap();
+    let tools = reagent::tools::read_tools_file(&file).unwrap().tools;
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let t = Agent::builder()
+        .driver(ScriptedDriver::new(vec![call("flaky", json!({})), answer("gave up")]))
+        .tools(tools)
+        .config(AgentConfig::default().first_call(reagent::agent::FirstCall::Never))
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap()
+        .run("go")
+        .unwrap();
+    let retried: Vec<u32> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolCallRetried { attempt, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(retried, [1, 2]);
+    assert!(t.steps[0].calls[0].outcome.observation().contains("cannot run"));
+    for bad in ["retries = 11", "backoff_s = -1"] {
+        std::fs::write(&file, def(bad)).unwrap();
+        let err = reagent::tools::read_tools_file(&file).err().expect("refused").to_string();
+        assert!(err.contains(bad.split(' ').next().unwrap()), "{err}");
+    }
+}

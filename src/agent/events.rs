@@ -98,6 +98,15 @@ pub enum AgentEvent {
         outcome: CallOutcome,
         seconds: f64,
     },
+    /// A call failed transiently (nothing ran, or a read-only tool timed out) and is made again after
+    /// `wait_seconds` ([`Tool::retry`](crate::tools::Tool::retry)); `attempt` counts the retries.
+    ToolCallRetried {
+        step: usize,
+        call: ToolCall,
+        attempt: u32,
+        error: String,
+        wait_seconds: f64,
+    },
     ToolCallBlocked {
         step: usize,
         call: ToolCall,

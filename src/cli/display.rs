@@ -158,6 +158,9 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
             let more = if short.len() < obs.len() { " …" } else { "" };
             paint("2", format!("   ← {short}{more} ({seconds:.2} s)"))
         }
+        ToolCallRetried { call, attempt, error, wait_seconds, .. } => {
+            paint("33", format!("   ↻ {} again (retry {attempt}, after {wait_seconds:.1} s): {error}", call.tool))
+        }
         ToolCallBlocked { call, reason, .. } => paint("33", format!("   ✗ {} blocked: {reason}", call.tool)),
         CallsDropped { calls, grounding, .. } => {
             let names: Vec<&str> = calls.iter().map(|c| c.tool.as_str()).collect();

@@ -53,13 +53,30 @@ pub struct McpConfig {
     /// Offer only these tools of the server (all when absent).
     #[serde(default)]
     pub tools: Option<Vec<String>>,
+    /// Attempts after a read-only tool's call timed out, at most 10.
+    #[serde(default)]
+    pub retries: u32,
+    /// Seconds before the first retry, doubled for each next one.
+    #[serde(default = "default_backoff_s")]
+    pub backoff_s: f64,
+}
+
+fn default_backoff_s() -> f64 {
+    1.0
 }
 
 fn default_timeout_s() -> f64 {
     30.0
 }
 
-setters!(McpConfig { args: Vec<String>, env: BTreeMap<String, String>, timeout_s: f64, tools: Option<Vec<String>> });
+setters!(McpConfig {
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+    timeout_s: f64,
+    tools: Option<Vec<String>>,
+    retries: u32,
+    backoff_s: f64,
+});
 
 impl McpConfig {
     /// A server `name` started as `command` (no arguments, reagent's environment, a 30 s timeout, all its
@@ -72,6 +89,8 @@ impl McpConfig {
             env: BTreeMap::new(),
             timeout_s: default_timeout_s(),
             tools: None,
+            retries: 0,
+            backoff_s: default_backoff_s(),
         }
     }
 
@@ -81,14 +100,7 @@ impl McpConfig {
         let bad = |reason: String| Error::Tool { tool: format!("--mcp '{line}'"), reason };
         let words = shell_words::split(line).map_err(|e| bad(format!("cannot split the command: {e}")))?;
         let (command, args) = words.split_first().ok_or_else(|| bad("no command".into()))?;
-        Ok(McpConfig {
-            name: server_name(command, args),
-            command: command.clone(),
-            args: args.to_vec(),
-            env: BTreeMap::new(),
-            timeout_s: default_timeout_s(),
-            tools: None,
-        })
+        Ok(McpConfig::new(server_name(command, args), command.clone()).args(args.to_vec()))
     }
 
     fn timeout(&self) -> Result<Duration> {
@@ -167,7 +179,15 @@ impl McpServer {
         if let Some(stderr) = stderr {
             runtime.spawn(keep_tail(stderr, stderr_tail.clone()));
         }
-        let mut conn = Connection { name: config.name.clone(), runtime, service: None, pid, stderr_tail, timeout };
+        if config.retries > super::Retry::MAX_TIMES || !(0.0..=60.0).contains(&config.backoff_s) {
+            return Err(fail(format!(
+                "`retries` is at most {} and `backoff_s` between 0 and 60",
+                super::Retry::MAX_TIMES
+            )));
+        }
+        let retry = super::Retry::new(config.retries, Duration::from_secs_f64(config.backoff_s));
+        let mut conn =
+            Connection { name: config.name.clone(), runtime, service: None, pid, stderr_tail, timeout, retry };
         let service = match conn.wait(().serve(transport), timeout) {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(fail(conn.with_stderr(format!("did not start: {e}")))),
@@ -269,6 +289,15 @@ impl Tool for McpTool {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn retry(&self) -> super::Retry {
+        self.conn.retry
+    }
+
+    /// A read-only tool's call that timed out.
+    fn retryable(&self, error: &str) -> bool {
+        self.read_only && error.contains("did not answer")
     }
 
     fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
@@ -390,6 +419,7 @@ struct Connection {
     pid: Option<u32>,
     stderr_tail: Arc<Mutex<String>>,
     timeout: Duration,
+    retry: super::Retry,
 }
 
 impl Connection {

@@ -141,6 +141,17 @@ pub trait Tool: Send + Sync {
     fn read_only(&self) -> bool {
         false
     }
+    /// How many times, and after what wait, a call that failed transiently ([`Tool::retryable`]) is made
+    /// again. Default: never.
+    fn retry(&self) -> Retry {
+        Retry::default()
+    }
+    /// Whether a call that failed with `error` may be made again: the error says nothing ran (the program
+    /// could not be started), or the tool is read-only and timed out. A tool that changes things is never
+    /// made again after a timeout: it may have done its work. Default: no.
+    fn retryable(&self, _error: &str) -> bool {
+        false
+    }
     /// The argument schema to decode calls with now, narrowed by live state (a file tool's paths to those
     /// that exist under its root), or `None` for the spec's own. A value that cannot work, an invented
     /// path, then cannot be written. It must accept only arguments the spec accepts. Default: `None`.
@@ -279,11 +290,36 @@ impl<'a> Done<'a> {
     }
 }
 
+/// How a tool's transient failures are tried again ([`Tool::retry`]): up to `times` more attempts, the
+/// first after `backoff`, each next one after twice the wait before (at most a minute).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct Retry {
+    pub times: u32,
+    pub backoff: std::time::Duration,
+}
+
+impl Retry {
+    /// The most attempts a tool may add.
+    pub const MAX_TIMES: u32 = 10;
+
+    pub fn new(times: u32, backoff: std::time::Duration) -> Self {
+        Self { times: times.min(Self::MAX_TIMES), backoff }
+    }
+
+    /// The wait before attempt `n` (1 for the first retry).
+    pub fn wait(&self, n: u32) -> std::time::Duration {
+        self.backoff.saturating_mul(1 << n.saturating_sub(1).min(16)).min(std::time::Duration::from_secs(60))
+    }
+}
+
 /// A tool from a function definition and a closure.
 pub struct FnTool<F> {
     spec: ToolSpec,
     f: F,
     read_only: bool,
+    retry: Retry,
+    retryable: Option<fn(&str) -> bool>,
 }
 
 impl<F> FnTool<F>
@@ -292,7 +328,15 @@ where
 {
     /// From a spec and a closure.
     pub fn new(spec: ToolSpec, f: F) -> Self {
-        Self { spec, f, read_only: false }
+        Self { spec, f, read_only: false, retry: Retry::default(), retryable: None }
+    }
+
+    /// Makes a call that fails with an error `transient` accepts again, as `retry` says.
+    #[must_use]
+    pub fn retry(mut self, retry: Retry, transient: fn(&str) -> bool) -> Self {
+        self.retry = retry;
+        self.retryable = Some(transient);
+        self
     }
 
     /// Marks the tool [read-only](Tool::read_only).
@@ -305,7 +349,7 @@ where
     /// From a definition in the common function format (`{"type":"function","function":{…}}` or the bare
     /// `{name, description, parameters}`).
     pub fn from_function_json(def: &Value, f: F) -> Result<Self> {
-        Ok(Self { spec: ToolSpec::from_function_json(def)?, f, read_only: false })
+        Ok(Self::new(ToolSpec::from_function_json(def)?, f))
     }
 }
 
@@ -321,6 +365,12 @@ where
     }
     fn read_only(&self) -> bool {
         self.read_only
+    }
+    fn retry(&self) -> Retry {
+        self.retry
+    }
+    fn retryable(&self, error: &str) -> bool {
+        self.retryable.is_some_and(|f| f(error))
     }
 }
 

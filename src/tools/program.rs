@@ -44,6 +44,17 @@ struct ProgramDef {
     max_output_bytes: usize,
     #[serde(default)]
     read_only: bool,
+    /// Attempts after a transient failure (the program could not be started; for a read-only tool, a
+    /// timeout too), at most 10.
+    #[serde(default)]
+    retries: u32,
+    /// Seconds before the first retry, doubled for each next one.
+    #[serde(default = "default_backoff")]
+    backoff_s: f64,
+}
+
+fn default_backoff() -> f64 {
+    1.0
 }
 
 fn default_parameters() -> Value {
@@ -72,6 +83,7 @@ pub struct ProgramTool {
     timeout: Duration,
     max_output: usize,
     read_only: bool,
+    retry: super::Retry,
 }
 
 impl ProgramTool {
@@ -88,7 +100,17 @@ impl ProgramTool {
                 reason: format!("`max_output_bytes` is at most {MAX_OUTPUT_LIMIT} (16 MiB)"),
             });
         }
-        Ok(Self { spec, command: d.command, timeout, max_output: d.max_output_bytes, read_only: d.read_only })
+        if d.retries > super::Retry::MAX_TIMES {
+            return Err(Error::Tool {
+                tool: spec.name,
+                reason: format!("`retries` is at most {}", super::Retry::MAX_TIMES),
+            });
+        }
+        if !(0.0..=60.0).contains(&d.backoff_s) {
+            return Err(Error::Tool { tool: spec.name, reason: "`backoff_s` is between 0 and 60".into() });
+        }
+        let retry = super::Retry::new(d.retries, Duration::from_secs_f64(d.backoff_s));
+        Ok(Self { spec, command: d.command, timeout, max_output: d.max_output_bytes, read_only: d.read_only, retry })
     }
 }
 
@@ -157,6 +179,15 @@ impl Tool for ProgramTool {
 
     fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
         super::Need::of_named_action(&self.spec, request, done)
+    }
+
+    fn retry(&self) -> super::Retry {
+        self.retry
+    }
+
+    /// The program could not be started (nothing ran), or a read-only one was killed at its timeout.
+    fn retryable(&self, error: &str) -> bool {
+        error.starts_with("cannot run `") || (self.read_only && error.starts_with("killed after"))
     }
 
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {

@@ -177,7 +177,7 @@ impl Agent {
         let t = Instant::now();
         // Repeats are judged on the calls the model made, before interceptors rewrite them.
         let asked = call.clone();
-        let (call, outcome) = self.executor.execute(call);
+        let (call, outcome) = self.execute_with_retries(step, call);
         let outcome = self.with_alternatives(&call.tool, outcome);
         match &outcome {
             CallOutcome::Blocked { reason } => {
@@ -193,6 +193,45 @@ impl Agent {
         recent.push((asked.clone(), outcome.clone()));
         history.push((asked, outcome.clone()));
         (call, outcome)
+    }
+
+    /// Executes `call`, making it again while it fails transiently and its tool's [`Retry`] allows
+    /// ([`Tool::retryable`](crate::tools::Tool::retryable): nothing ran, or a read-only tool timed out),
+    /// each attempt after its wait and recorded as an event.
+    ///
+    /// [`Retry`]: crate::tools::Retry
+    fn execute_with_retries(&mut self, step: usize, call: ToolCall) -> (ToolCall, CallOutcome) {
+        let tool = self.executor.tools().get(&call.tool).cloned();
+        let mut attempt = 0;
+        loop {
+            let (made, outcome) = self.executor.execute(call.clone());
+            let Some(tool) = &tool else { return (made, outcome) };
+            let transient = match &outcome {
+                CallOutcome::Timeout { .. } => tool.read_only(),
+                CallOutcome::Error { message } => tool.retryable(message),
+                _ => false,
+            };
+            let retry = tool.retry();
+            if !transient || attempt >= retry.times || crate::limits::interrupted() {
+                return (made, outcome);
+            }
+            attempt += 1;
+            let wait = retry.wait(attempt);
+            self.emit(AgentEvent::ToolCallRetried {
+                step,
+                call: made,
+                attempt,
+                error: outcome.error_text().unwrap_or_default(),
+                wait_seconds: wait.as_secs_f64(),
+            });
+            // Waited in slices, so that a cancellation ends the wait.
+            let until = Instant::now() + wait;
+            while Instant::now() < until && !crate::limits::interrupted() {
+                std::thread::sleep(
+                    until.saturating_duration_since(Instant::now()).min(std::time::Duration::from_millis(50)),
+                );
+            }
+        }
     }
 
     /// A tool's error with the other tools that may do what it was asked (an MCP server's `read_text_file`
