@@ -365,8 +365,11 @@ fn every_kernel_type_matches_the_f32_reference_in_a_forward_pass() {
 fn crafted_metadata_is_an_error_not_a_crash() {
     use candle_core::quantized::gguf_file::Value;
 
-    let cases: [(Arch, &str, Value, &str); 4] = [
+    let cases: [(Arch, &str, Value, &str); 6] = [
         (Arch::Gemma3, "tokenizer.ggml.scores", Value::Array(vec![Value::F32(0.0); 3]), "3 entries"),
+        // Rotary scaling that is not implemented is refused, not ignored (positions would be wrong).
+        (Arch::Llama, "llama.rope.scaling.type", Value::String("yarn".into()), "`yarn` scaling is not supported"),
+        (Arch::Qwen3, "qwen3.rope.scaling.type", Value::String("llama3".into()), "qwen3.rope.scaling.type"),
         (Arch::Llama, "general.alignment", Value::U32(0), "general.alignment"),
         (Arch::Llama, "llama.block_count", Value::U32(u32::MAX), "llama.block_count"),
         (Arch::Llama, "llama.block_count", Value::U64(1 << 40), "llama.block_count"),

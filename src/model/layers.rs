@@ -542,12 +542,15 @@ impl Hparams {
         };
         let (tok_dims, _) = g.tensor_info("token_embd.weight")?;
         let vocab = tok_dims.first().copied().unwrap_or(0);
-        let scale =
-            if g.get(&k("rope.scaling.type")).is_some_and(|_| g.str(&k("rope.scaling.type")).ok() == Some("linear")) {
-                g.f32_or(&k("rope.scaling.factor"), 1.0)?
-            } else {
-                1.0
-            };
+        // Rotary scaling this code does not implement is refused, never ignored (the positions would be
+        // silently wrong).
+        let scale = match g.get(&k("rope.scaling.type")).map(|_| g.str(&k("rope.scaling.type"))).transpose()? {
+            Some("linear") => g.f32_or(&k("rope.scaling.factor"), 1.0)?,
+            None | Some("none") => 1.0,
+            Some(other) => {
+                return Err(bad("rope.scaling.type", format!("`{other}` scaling is not supported (linear is)")));
+            }
+        };
         // Every block has tensors of its own: more blocks than tensors is a damaged count, refused before
         // anything is sized by it.
         let layers = g.usize(&k("block_count"))?;

@@ -1,8 +1,9 @@
-//! The llama family: `llama` (SmolLM2) and `qwen2` (Qwen2.5-Coder) GGUF files.
+//! The llama family: `llama` (SmolLM2), `qwen2` (Qwen2.5-Coder) and `qwen3` GGUF files.
 //!
-//! Pre-norm decoder blocks with grouped-query attention, rotary embeddings and a SiLU-gated MLP. The two
+//! Pre-norm decoder blocks with grouped-query attention, rotary embeddings and a SiLU-gated MLP. The
 //! architectures differ only in details kept in [`Variant`]: qwen2 has biases on q/k/v and "NeoX" (split
-//! halves) rotary pairing; llama GGUF files were converted with q/k rows permuted for interleaved pairing.
+//! halves) rotary pairing; qwen3 has NeoX pairing, no biases, and an RMS norm over each query and key head
+//! before the rotation; llama GGUF files were converted with q/k rows permuted for interleaved pairing.
 
 use candle_core::Device;
 
@@ -20,6 +21,7 @@ use crate::gguf::GgufFile;
 pub enum Variant {
     Llama,
     Qwen2,
+    Qwen3,
 }
 
 struct Block {
@@ -28,6 +30,8 @@ struct Block {
     k: Linear,
     v: Linear,
     o: Linear,
+    /// Per-head norms of the queries and keys (qwen3).
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
     ffn_norm: RmsNorm,
     mlp: GatedMlp,
     cache: KvCache,
@@ -54,8 +58,18 @@ impl Llama {
         let arch = match variant {
             Variant::Llama => "llama",
             Variant::Qwen2 => "qwen2",
+            Variant::Qwen3 => "qwen3",
         };
         let hp = Hparams::read(g, arch)?;
+        // Llama 3.x's per-frequency rotary factors: not implemented, so such a file is refused, never run
+        // with the wrong positions.
+        if g.has_tensor("rope_freqs.weight") {
+            return Err(crate::error::Error::Tensor {
+                path: g.path().into(),
+                tensor: "rope_freqs.weight".into(),
+                reason: "rotary frequency factors (Llama 3.x) are not supported yet".into(),
+            });
+        }
         let (d, hd) = (hp.dim, hp.head_dim);
         let embed = Weight::load(g, "token_embd.weight", [hp.vocab, d], dev)?;
         let mut blocks = Vec::with_capacity(hp.layers);
@@ -67,6 +81,13 @@ impl Llama {
                 k: Linear::load(g, &format!("{p}.attn_k"), [hp.kv_heads * hd, d], dev)?,
                 v: Linear::load(g, &format!("{p}.attn_v"), [hp.kv_heads * hd, d], dev)?,
                 o: Linear::load(g, &format!("{p}.attn_output"), [d, hp.heads * hd], dev)?,
+                qk_norm: match variant {
+                    Variant::Qwen3 => Some((
+                        RmsNorm::load(g, &format!("{p}.attn_q_norm"), hd, hp.eps, dev)?,
+                        RmsNorm::load(g, &format!("{p}.attn_k_norm"), hd, hp.eps, dev)?,
+                    )),
+                    _ => None,
+                },
                 ffn_norm: RmsNorm::load(g, &format!("{p}.ffn_norm"), d, hp.eps, dev)?,
                 mlp: GatedMlp::load(g, &p, d, hp.ffn, false, dev)?,
                 cache: KvCache::new(max_len, dev),
@@ -81,7 +102,7 @@ impl Llama {
         let rope_dim = hp.rope_dims(g, arch)?;
         let style = match variant {
             Variant::Llama => RopeStyle::Interleaved,
-            Variant::Qwen2 => RopeStyle::Halves,
+            Variant::Qwen2 | Variant::Qwen3 => RopeStyle::Halves,
         };
         let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, dev)?;
         let host_steps = dev.is_cpu()
@@ -104,6 +125,10 @@ impl Llama {
         for b in &mut self.blocks {
             b.attn_norm.host(&s.x, &mut s.h);
             matvec_host([&b.q, &b.k, &b.v], &s.h, [&mut s.q, &mut s.k, &mut s.v])?;
+            if let Some((qn, kn)) = &b.qk_norm {
+                qn.host_heads(&mut s.q);
+                kn.host_heads(&mut s.k);
+            }
             s.q.iter_mut().for_each(|x| *x *= scale);
             self.rope.host(&mut s.q, pos)?;
             self.rope.host(&mut s.k, pos)?;
@@ -169,8 +194,12 @@ impl super::Network for Llama {
         for b in &mut self.blocks {
             let h = b.attn_norm.forward(&x)?;
             let [q, k, v] = forward_shared([&b.q, &b.k, &b.v], &h)?;
-            let q = (split_heads(&q, heads, hd)? * scale)?;
-            let k = split_heads(&k, kv, hd)?;
+            let (q, k) = (split_heads(&q, heads, hd)?, split_heads(&k, kv, hd)?);
+            let (q, k) = match &b.qk_norm {
+                Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+                None => (q, k),
+            };
+            let q = (q * scale)?;
             let v = split_heads(&v, kv, hd)?;
             let q = self.rope.apply(&q, pos)?;
             let k = self.rope.apply(&k, pos)?;

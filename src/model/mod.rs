@@ -68,6 +68,8 @@ pub trait LanguageModel {
 pub enum Arch {
     Llama,
     Qwen2,
+    /// Qwen 3: Qwen 2's block without q/k/v biases, with an RMS norm over each query and key head.
+    Qwen3,
     Gemma3,
 }
 
@@ -76,6 +78,7 @@ impl Arch {
         match s {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
             "gemma3" => Ok(Arch::Gemma3),
             other => Err(Error::UnsupportedArch { path: path.to_path_buf(), arch: other.to_string() }),
         }
@@ -91,6 +94,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
         }
     }
@@ -189,6 +193,7 @@ impl Transformer {
         let net: Box<dyn Network> = match arch {
             Arch::Llama => Box::new(llama::Llama::load(g, llama::Variant::Llama, max_len, dev)?),
             Arch::Qwen2 => Box::new(llama::Llama::load(g, llama::Variant::Qwen2, max_len, dev)?),
+            Arch::Qwen3 => Box::new(llama::Llama::load(g, llama::Variant::Qwen3, max_len, dev)?),
             Arch::Gemma3 => Box::new(gemma3::Gemma3::load(g, max_len, dev)?),
         };
         let hparams = net.hparams().clone();

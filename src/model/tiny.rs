@@ -199,7 +199,7 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
     let arch = spec.arch.as_str();
     let vocab = match spec.arch {
         Arch::Llama => bpe_vocab("smollm"),
-        Arch::Qwen2 => bpe_vocab("qwen2"),
+        Arch::Qwen2 | Arch::Qwen3 => bpe_vocab("qwen2"),
         Arch::Gemma3 => spm_vocab(),
     };
     let head_dim = spec.dim / spec.heads;
@@ -260,6 +260,10 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
             tensors.push((p("attn_k.bias"), rng.tensor(&[kv_out], 0.1, GgmlDType::F32)?));
             tensors.push((p("attn_v.bias"), rng.tensor(&[kv_out], 0.1, GgmlDType::F32)?));
         }
+        if spec.arch == Arch::Qwen3 {
+            tensors.push((p("attn_q_norm.weight"), rng.norm(head_dim)?));
+            tensors.push((p("attn_k_norm.weight"), rng.norm(head_dim)?));
+        }
         if spec.arch == Arch::Gemma3 {
             tensors.push((p("attn_q_norm.weight"), rng.norm(head_dim)?));
             tensors.push((p("attn_k_norm.weight"), rng.norm(head_dim)?));
@@ -272,7 +276,7 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
         tensors.push((p("ffn_down.weight"), rng.tensor(&[d, f], 1.0 / (f as f32).sqrt(), wt)?));
     }
     tensors.push(("output_norm.weight".into(), rng.norm(d)?));
-    if spec.arch == Arch::Qwen2 {
+    if matches!(spec.arch, Arch::Qwen2 | Arch::Qwen3) {
         tensors.push(("output.weight".into(), rng.tensor(&[n_vocab, d], s, GgmlDType::Q8_0)?));
     }
 
