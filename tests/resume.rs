@@ -123,6 +123,20 @@ fn a_damaged_trace_is_read_to_its_last_complete_event_and_a_foreign_one_is_named
     let torn = read_trace(&path).unwrap();
     assert_eq!(torn.steps, whole.steps);
     assert_eq!(torn.bytes, whole.bytes);
+    // A torn character is a torn line too.
+    let mut bytes = std::fs::read_to_string(&path).unwrap().into_bytes();
+    let keep = bytes.len() - "{\"event\": \"tool_call_sta".len();
+    bytes.truncate(keep);
+    bytes.extend_from_slice(&[0xE2, 0x82]);
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(read_trace(&path).unwrap().steps, whole.steps);
+    // A damaged line with events after it is refused: resuming before it would redo what they recorded.
+    let lines: Vec<&str> = text.lines().collect();
+    let mut middle = lines.clone();
+    middle[3] = "{damaged";
+    std::fs::write(&path, middle.join("\n") + "\n").unwrap();
+    let err = read_trace(&path).unwrap_err().to_string();
+    assert!(err.contains("line 4 is damaged"), "{err}");
     std::fs::write(&path, "garbage\n").unwrap();
     let garbage = read_trace(&path).unwrap();
     assert!(garbage.steps.is_empty() && garbage.lines == 0);
@@ -135,4 +149,60 @@ fn a_damaged_trace_is_read_to_its_last_complete_event_and_a_foreign_one_is_named
     assert_eq!(diff.len(), 3, "{diff:?}");
     assert!(diff[0].starts_with("task:") && diff[1].starts_with("model:") && diff[2].starts_with("tools:"), "{diff:?}");
     assert!(then.differences(&then).is_empty());
+}
+
+/// A step of two calls, the first held (its value came from a tool's output), the second a write that
+/// completed, cut before the step's record: the write is matched to its recorded result by the call, not
+/// by its position (the held call never started), and is not run again.
+#[test]
+fn a_completed_write_after_a_held_call_is_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full.jsonl");
+    let task = "Read a, then write out.txt";
+    let script = vec![
+        call("read", json!({"name": "a"})),
+        json!({"thought": "", "type": "call_tools", "calls": [
+            {"tool": "write", "args": {"path": "alpha content"}},
+            {"tool": "write", "args": {"path": "out.txt"}}
+        ]})
+        .to_string(),
+        answer("done"),
+    ];
+    let build = |from: usize, writes: Arc<Mutex<Vec<Value>>>, log: EventLog| {
+        let read = FnTool::new(ToolSpec::new("read", "Reads a note.", params()).unwrap(), |_: &Value| {
+            Ok::<_, ToolError>(json!("alpha content"))
+        })
+        .read_only();
+        let write = FnTool::new(ToolSpec::new("write", "Writes a file.", params()).unwrap(), move |a: &Value| {
+            writes.lock().unwrap().push(a.clone());
+            Ok::<_, ToolError>(json!("written"))
+        });
+        let config = reagent::AgentConfig::default()
+            .first_call(reagent::agent::FirstCall::Never)
+            .decision(reagent::DecisionOptions::default().parallel_calls(Some(2)));
+        Agent::builder()
+            .driver(ScriptedDriver::new(script.clone().split_off(from)))
+            .tool(read)
+            .tool(write)
+            .config(config)
+            .events(log)
+            .build()
+            .unwrap()
+    };
+    let writes: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let t = build(0, writes.clone(), EventLog::create(&full).unwrap()).run(task).unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("done"));
+    assert_eq!(writes.lock().unwrap().as_slice(), [json!({"path": "out.txt"})], "the first write was held");
+    let text = std::fs::read_to_string(&full).unwrap();
+    let cut_at = text.lines().position(|l| l.contains("tool_call_completed") && l.contains("out.txt")).unwrap();
+    let cut = dir.path().join("cut.jsonl");
+    std::fs::write(&cut, text.lines().take(cut_at + 1).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let recorded = read_trace(&cut).unwrap();
+    let after: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let steps = recorded.steps.len();
+    let t = build(steps, after.clone(), EventLog::append(&cut, recorded.bytes).unwrap())
+        .resume(&[reagent::ChatMessage::user(task)], recorded.steps)
+        .unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("done"));
+    assert!(after.lock().unwrap().is_empty(), "ran again: {:?}", after.lock().unwrap());
 }

@@ -159,7 +159,10 @@ impl ModelDriver {
     /// and loads it, instead of computing it, in the next process's runs (`reagent run` does; `--no-prompt-cache`
     /// turns it off). `dir`: [`PromptCache::default_dir`] unless testing.
     pub fn with_prompt_cache(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
-        self.prompt_cache = Some(PromptCache::for_model(dir, self.model.info()));
+        // Off the CPU the KV cache is not in host buffers and cannot be saved or loaded.
+        if self.model.export_prefix(0).is_some() {
+            self.prompt_cache = Some(PromptCache::for_model(dir, self.model.info()));
+        }
         self
     }
 

@@ -192,54 +192,88 @@ pub struct RecordedRun {
     pub bytes: u64,
 }
 
-/// Reads the trace of a run ([`EventLog`] of `reagent run --trace`). It is read up to its first line that
-/// is not a complete event (a torn last line of a killed run, or garbage): what comes before is used.
+/// Reads the trace of a run ([`EventLog`] of `reagent run --trace`) up to its last complete event: a torn
+/// last line (a killed run's) is left out. A damaged line with complete events after it is an error:
+/// resuming from before it would run again what those events recorded.
 pub fn read_trace(path: &Path) -> Result<RecordedRun> {
-    use super::events::AgentEvent as E;
-    let text = crate::limits::read_input(path, crate::limits::MAX_INPUT_BYTES)?;
+    /// The largest trace read (a run's observations are capped, so a long run's trace stays far below).
+    const MAX_TRACE_BYTES: u64 = 1 << 30;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        let problem = "not a regular file; give a trace file".into();
+        return Err(Error::InputFile { path: path.to_path_buf(), problem });
+    }
+    if meta.len() > MAX_TRACE_BYTES {
+        let problem = format!("{} bytes; traces are read up to {MAX_TRACE_BYTES} bytes", meta.len());
+        return Err(Error::InputFile { path: path.to_path_buf(), problem });
+    }
+    // Bytes, not text: a line torn inside a character must not make the whole file unreadable.
+    let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let mut run = RecordedRun { header: None, steps: Vec::new(), finished: false, lines: 0, bytes: 0 };
-    for line in text.split_inclusive('\n') {
-        let Some(body) = line.strip_suffix('\n') else { break };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else { break };
-        if let Some(h) = value.get("trace") {
-            let Ok(h) = serde_json::from_value(h.clone()) else { break };
-            run.header = Some(h);
-        } else if value.get("transcript").is_some() {
-            run.finished = true;
-        } else if value.get("event").is_some_and(|e| e.is_string()) {
-            let Ok(event) = event_of(&value) else { break };
-            match event {
-                E::DecisionExtracted { decision, text, .. } => {
-                    run.steps.push(RecordedStep { decision, text, record: None, started: Vec::new() })
-                }
-                E::ToolCallStarted { call, .. } => {
-                    if let Some(s) = run.steps.last_mut() {
-                        s.started.push((call, None));
-                    }
-                }
-                E::ToolCallCompleted { call, outcome, .. } => {
-                    if let Some((_, o)) = run
-                        .steps
-                        .last_mut()
-                        .and_then(|s| s.started.iter_mut().rev().find(|(c, o)| *c == call && o.is_none()))
-                    {
-                        *o = Some(outcome);
-                    }
-                }
-                E::StepCompleted { record, .. } => {
-                    if let Some(s) = run.steps.last_mut() {
-                        s.record = Some(record);
-                    }
-                }
-                _ => {}
+    let lines: Vec<&[u8]> = data.split_inclusive(|&b| b == b'\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        let value = std::str::from_utf8(line)
+            .ok()
+            .filter(|l| l.ends_with('\n'))
+            .and_then(|l| serde_json::from_str::<serde_json::Value>(l.trim_end()).ok());
+        let used = match &value {
+            Some(v) => take_line(&mut run, v),
+            None => false,
+        };
+        if !used {
+            let later = lines[i + 1..].iter().any(|l| serde_json::from_slice::<serde_json::Value>(l).is_ok());
+            if later {
+                let problem = format!("line {} is damaged, and events follow it; not resumed from before it", i + 1);
+                return Err(Error::InputFile { path: path.to_path_buf(), problem });
             }
-        } else {
             break;
         }
         run.lines += 1;
         run.bytes += line.len() as u64;
     }
     Ok(run)
+}
+
+/// Takes one trace line into `run`; false when it is not a line of a run's trace.
+fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
+    use super::events::AgentEvent as E;
+    if let Some(h) = value.get("trace") {
+        let Ok(h) = serde_json::from_value(h.clone()) else { return false };
+        run.header = Some(h);
+        return true;
+    }
+    if value.get("transcript").is_some() {
+        run.finished = true;
+        return true;
+    }
+    if !value.get("event").is_some_and(|e| e.is_string()) {
+        return false;
+    }
+    let Ok(event) = event_of(value) else { return false };
+    match event {
+        E::DecisionExtracted { decision, text, .. } => {
+            run.steps.push(RecordedStep { decision, text, record: None, started: Vec::new() })
+        }
+        E::ToolCallStarted { call, .. } => {
+            if let Some(s) = run.steps.last_mut() {
+                s.started.push((call, None));
+            }
+        }
+        E::ToolCallCompleted { call, outcome, .. } => {
+            let last = run.steps.last_mut();
+            if let Some((_, o)) = last.and_then(|s| s.started.iter_mut().rev().find(|(c, o)| *c == call && o.is_none()))
+            {
+                *o = Some(outcome);
+            }
+        }
+        E::StepCompleted { record, .. } => {
+            if let Some(s) = run.steps.last_mut() {
+                s.record = Some(record);
+            }
+        }
+        _ => {}
+    }
+    true
 }
 
 /// The events a resume reads, from a trace line (others come back as `RunResumed`, which it skips).

@@ -354,7 +354,7 @@ impl Agent {
     ) -> Option<StopReason> {
         let step_no = run.steps.len() + 1;
         run.first_need = None;
-        std::mem::take(&mut run.after_error);
+        let forced_after_error = std::mem::take(&mut run.after_error);
         messages.push(ChatMessage::assistant(rec.text.clone()));
         if let Some(mut record) = rec.record {
             // Complete: the conversation and the run's bookkeeping as they were, nothing run.
@@ -362,7 +362,7 @@ impl Agent {
                 record.calls.iter().map(|c| (c.call.clone(), Some(c.outcome.clone()))).collect();
             let held_all = !record.calls.is_empty() && record.observation.is_none();
             let mut step = Step { calls: Vec::new(), ..record.clone() };
-            self.run_calls(step_no, &record.decision, &mut step, run, false, &known);
+            self.run_calls(step_no, &record.decision, &mut step, run, forced_after_error, &known);
             if held_all {
                 messages.pop();
                 run.force_answer = self.config.tool_choice == ToolChoice::Auto;
@@ -385,7 +385,7 @@ impl Agent {
             run.steps.push(step);
             return Some(StopReason::FinalAnswer);
         }
-        self.finish_step(step_no, step, run, messages, false, &rec.started);
+        self.finish_step(step_no, step, run, messages, forced_after_error, &rec.started);
         None
     }
 

@@ -171,7 +171,16 @@ impl super::Network for Llama {
 
     fn import_kv(&mut self, blocks: &[super::attention::KvBlock]) -> Result<()> {
         let len = blocks.first().map_or(0, |b| b.len);
-        if blocks.len() != self.blocks.len() || blocks.iter().any(|b| b.len != len) {
+        let (heads, d) = (self.hp.kv_heads, self.hp.head_dim);
+        if blocks.len() != self.blocks.len()
+            || blocks.iter().any(|b| {
+                b.len != len
+                    || b.d != d
+                    || b.k.len() != heads
+                    || b.v.len() != heads
+                    || b.k.iter().chain(&b.v).any(|x| x.len() != len * d)
+            })
+        {
             return Err(crate::error::Error::param("cache", "a saved prefix of another shape"));
         }
         for (b, block) in self.blocks.iter_mut().zip(blocks) {

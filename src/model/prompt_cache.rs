@@ -339,6 +339,10 @@ fn read_entry(path: &Path, key: &str) -> std::result::Result<(Vec<u32>, KvPrefix
         let heads = b.u32()? as usize;
         let d = b.u32()? as usize;
         let per = len.checked_mul(d).and_then(|x| x.checked_mul(4)).ok_or("sizes overflow")?;
+        // Each head's keys and values must be in the bytes left (a crafted count allocates nothing).
+        if heads == 0 || d == 0 || heads.checked_mul(per).and_then(|x| x.checked_mul(2)).is_none_or(|n| n > b.0.len()) {
+            return Err("layer sizes that do not fit the file".into());
+        }
         let read = |b: &mut Bytes| -> std::result::Result<Vec<Vec<f32>>, String> {
             (0..heads)
                 .map(|_| {
@@ -386,6 +390,19 @@ mod tests {
         std::fs::write(&hit.path, &bytes[..bytes.len() - 10]).unwrap();
         assert!(c.load(&hit).is_err());
         assert!(!hit.path.exists());
+    }
+
+    /// An entry with a valid checksum but crafted sizes (a million heads of zero width) is refused
+    /// without allocating by its counts.
+    #[test]
+    fn crafted_layer_sizes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cache(dir.path(), "m");
+        let crafted =
+            KvPrefix { len: 3, layers: vec![KvBlock { d: 0, len: 3, k: vec![Vec::new(); 1_000_000], v: vec![] }] };
+        c.store(&[1, 2, 3], &crafted).unwrap();
+        let hit = c.lookup(&[1, 2, 3], 0).unwrap();
+        assert!(c.load(&hit).unwrap_err().to_string().contains("layer sizes"));
     }
 
     #[test]

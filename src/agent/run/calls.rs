@@ -30,9 +30,23 @@ impl Agent {
     ) -> bool {
         let calls = decision.calls();
         let mut held = 0;
-        for (i, call) in decision.calls().into_iter().enumerate() {
-            let recorded = known.get(i).filter(|(c, _)| *c == call).map(|(_, o)| o.clone());
+        // Each decision call takes the first recorded call equal to it that no earlier one took: calls that
+        // were held or refused never started, so positions do not line up.
+        let mut taken = vec![false; known.len()];
+        for call in decision.calls() {
+            let slot = known.iter().enumerate().position(|(j, (c, _))| !taken[j] && *c == call);
+            let recorded = slot.map(|j| {
+                taken[j] = true;
+                known[j].1.clone()
+            });
             let (call, outcome) = match recorded {
+                // A held call is replayed as it was: no bookkeeping, and the next step answers.
+                Some(Some(outcome)) if is_held(&outcome) => {
+                    run.force_answer = self.config.tool_choice == ToolChoice::Auto;
+                    step.calls.push(CallRecord { call, outcome });
+                    held += 1;
+                    continue;
+                }
                 Some(Some(outcome)) => {
                     note_outcome(&call, &outcome, &mut run.recent, &mut run.history);
                     (call, outcome)
@@ -62,7 +76,7 @@ impl Agent {
                             call: call.clone(),
                             reason: reason.clone(),
                         });
-                        let outcome = CallOutcome::Blocked { reason: format!("{reason}; it was not run") };
+                        let outcome = CallOutcome::Blocked { reason: format!("{reason}{HELD}") };
                         step.calls.push(CallRecord { call, outcome });
                         held += 1;
                         continue;
@@ -219,7 +233,7 @@ impl Agent {
             let wait = retry.wait(attempt);
             self.emit(AgentEvent::ToolCallRetried {
                 step,
-                call: made,
+                call: made.clone(),
                 attempt,
                 error: outcome.error_text().unwrap_or_default(),
                 wait_seconds: wait.as_secs_f64(),
@@ -230,6 +244,10 @@ impl Agent {
                 std::thread::sleep(
                     until.saturating_duration_since(Instant::now()).min(std::time::Duration::from_millis(50)),
                 );
+            }
+            // A cancellation during the wait: the call is not made again.
+            if crate::limits::interrupted() {
+                return (made, outcome);
             }
         }
     }
@@ -280,6 +298,14 @@ impl Agent {
         }
         None
     }
+}
+
+/// How the outcome of a held call ([`Agent::untrusted`]) ends.
+const HELD: &str = "; it was not run";
+
+/// Whether `outcome` is a held call's.
+fn is_held(outcome: &CallOutcome) -> bool {
+    matches!(outcome, CallOutcome::Blocked { reason } if reason.ends_with(HELD))
 }
 
 /// Records a call's known outcome as [`Agent::call`] records the ones it runs: in the run of identical
