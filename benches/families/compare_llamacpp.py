@@ -19,6 +19,8 @@ PROMPTS = [
     "Once upon a time, in a small village,",
     "1, 2, 3, 4, 5,",
     "Quantum computing uses qubits, which",
+    # Far positions, where rotary details (frequency factors) change the continuation.
+    " ".join(["the quick brown fox jumps over the lazy dog"] * 40),
 ]
 
 
@@ -35,7 +37,7 @@ def main():
     ap.add_argument("binary", nargs="?", default="target/release/reagent")
     ap.add_argument("--tokens", type=int, default=16)
     a = ap.parse_args()
-    llm = llama_cpp.Llama(a.model, n_ctx=512, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(a.model, n_ctx=1024, n_threads=2, verbose=False)
     bad = 0
     for prompt in PROMPTS:
         ids = llm.tokenize(prompt.encode(), add_bos=False, special=False)

@@ -4,7 +4,8 @@ to check reagent against llama.cpp token for token where no real weights can be 
 
     random_gguf.py ARCH TOKENIZER_SOURCE.gguf OUT.gguf [--key-length N] [--seed S]
 
-ARCH: qwen3 (q/k head norms, no q/k/v biases) or qwen2. The tokenizer (every `tokenizer.*` key) is copied
+ARCH: qwen3 (q/k head norms, no q/k/v biases), qwen2, or llama (with --rope-freqs, Llama 3.x's rotary
+frequency factors, as a `rope_freqs.weight` tensor). The tokenizer (every `tokenizer.*` key) is copied
 from TOKENIZER_SOURCE (a Qwen 2.5 file: the same BPE as Qwen 3). Weights are f32, drawn from a seeded
 normal distribution scaled like a trained model's, so greedy continuations are not degenerate.
 """
@@ -16,7 +17,7 @@ import gguf
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("arch", choices=["qwen2", "qwen3"])
+    ap.add_argument("arch", choices=["llama", "qwen2", "qwen3"])
     ap.add_argument("source")
     ap.add_argument("out")
     ap.add_argument("--dim", type=int, default=128)
@@ -26,6 +27,7 @@ def main():
     ap.add_argument("--key-length", type=int, default=0, help="head size (default dim / heads)")
     ap.add_argument("--ffn", type=int, default=256)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rope-freqs", action="store_true", help="llama: Llama 3.x rotary frequency factors")
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     hd = a.key_length or a.dim // a.heads
@@ -42,7 +44,8 @@ def main():
     w.add_head_count_kv(a.kv_heads)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_freq_base(1_000_000.0)
+    w.add_rope_freq_base(500_000.0 if a.arch == "llama" else 1_000_000.0)
+    w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(1e-6)
     for name, field in src.fields.items():
         if not name.startswith("tokenizer."):
@@ -80,13 +83,18 @@ def main():
             w.add_tensor(p + "attn_q.bias", (0.1 * rng.standard_normal(a.heads * hd)).astype(np.float32))
             w.add_tensor(p + "attn_k.bias", (0.1 * rng.standard_normal(a.kv_heads * hd)).astype(np.float32))
             w.add_tensor(p + "attn_v.bias", (0.1 * rng.standard_normal(a.kv_heads * hd)).astype(np.float32))
-        else:
+        elif a.arch == "qwen3":
             w.add_tensor(p + "attn_q_norm.weight", norm(hd))
             w.add_tensor(p + "attn_k_norm.weight", norm(hd))
         w.add_tensor(p + "ffn_norm.weight", norm(a.dim))
         w.add_tensor(p + "ffn_gate.weight", mat(a.ffn, a.dim))
         w.add_tensor(p + "ffn_up.weight", mat(a.ffn, a.dim))
         w.add_tensor(p + "ffn_down.weight", mat(a.dim, a.ffn))
+    if a.rope_freqs:
+        # Llama 3's shape: the slow frequencies slowed 8x, the fast ones kept, a ramp between.
+        n = hd // 2
+        w.add_tensor("rope_freqs.weight", np.array([1.0 + 7.0 * min(1.0, max(0.0, (i - n / 4) / (n / 2)))
+                                                     for i in range(n)], dtype=np.float32))
     w.add_tensor("output_norm.weight", norm(a.dim))
     w.add_tensor("output.weight", mat(vocab, a.dim))
     w.write_header_to_file()

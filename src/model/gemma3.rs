@@ -94,8 +94,8 @@ impl Gemma3 {
         } else {
             Linear::new(g, embed.clone())?
         };
-        let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, dev)?;
-        let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, dev)?;
+        let rope_local = Rope::new(hd, LOCAL_ROPE_BASE, 1.0, max_len, RopeStyle::Halves, None, dev)?;
+        let rope_global = Rope::new(hd, hp.rope_base, hp.rope_scale, max_len, RopeStyle::Halves, None, dev)?;
         let host_steps = dev.is_cpu()
             && blocks.iter().all(|b| [&b.q, &b.k, &b.v, &b.o].iter().all(|l| l.on_kernels()) && b.mlp.on_kernels());
         Ok(Self {

@@ -364,15 +364,18 @@ pub(crate) struct Rope {
 }
 
 impl Rope {
+    /// `factors`: per-frequency divisors of the rotation speed (Llama 3.x's `rope_freqs`), one per pair.
     pub(crate) fn new(
         dim: usize,
         base: f32,
         scale: f32,
         max_pos: usize,
         style: RopeStyle,
+        factors: Option<&[f32]>,
         dev: &Device,
     ) -> Result<Self> {
-        let inv: Vec<f32> = (0..dim / 2).map(|i| 1.0 / base.powf(2.0 * i as f32 / dim as f32)).collect();
+        let factor = |i: usize| factors.and_then(|f| f.get(i)).copied().unwrap_or(1.0);
+        let inv: Vec<f32> = (0..dim / 2).map(|i| 1.0 / base.powf(2.0 * i as f32 / dim as f32) / factor(i)).collect();
         let inv = Tensor::from_vec(inv, (1, dim / 2), dev)?;
         let pos =
             (Tensor::arange(0u32, max_pos as u32, dev)?.to_dtype(DType::F32)? / scale as f64)?.reshape((max_pos, 1))?;
@@ -600,3 +603,24 @@ impl Hparams {
 /// The largest embedding, feed-forward, head or context size a file may declare (2^24): far above any
 /// model, far below sizes whose products overflow.
 const MAX_DIM: usize = 1 << 24;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frequency factors (Llama 3.x's `rope_freqs`) divide each pair's rotation speed: at position p, pair
+    /// i turns by p · base^(-2i/d) / factor_i.
+    #[test]
+    fn rotary_factors_slow_their_pairs() {
+        let (dim, base, pos) = (4, 10_000f32, 7);
+        let plain = Rope::new(dim, base, 1.0, 16, RopeStyle::Halves, None, &Device::Cpu).unwrap();
+        let slowed = Rope::new(dim, base, 1.0, 16, RopeStyle::Halves, Some(&[1.0, 8.0]), &Device::Cpu).unwrap();
+        let (cos, _) = plain.host.as_ref().unwrap();
+        let (cos_f, sin_f) = slowed.host.as_ref().unwrap();
+        let theta = |i: usize, f: f32| pos as f32 * base.powf(-2.0 * i as f32 / dim as f32) / f;
+        assert_eq!(cos[pos * 2], cos_f[pos * 2], "factor 1 leaves pair 0");
+        assert!((cos_f[pos * 2 + 1] - theta(1, 8.0).cos()).abs() < 1e-6);
+        assert!((sin_f[pos * 2 + 1] - theta(1, 8.0).sin()).abs() < 1e-6);
+        assert!((cos[pos * 2 + 1] - cos_f[pos * 2 + 1]).abs() > 1e-4, "pair 1 is slowed");
+    }
+}

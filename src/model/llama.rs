@@ -2,7 +2,7 @@
 //!
 //! Pre-norm decoder blocks with grouped-query attention, rotary embeddings and a SiLU-gated MLP. The
 //! architectures differ only in details kept in [`Variant`]: qwen2 has biases on q/k/v and "NeoX" (split
-//! halves) rotary pairing; qwen3 has NeoX pairing, no biases, and an RMS norm over each query and key head
+//! halves) rotary pairing; Llama 3.x files carry per-frequency rotary factors (`rope_freqs`); qwen3 has NeoX pairing, no biases, and an RMS norm over each query and key head
 //! before the rotation; llama GGUF files were converted with q/k rows permuted for interleaved pairing.
 
 use candle_core::Device;
@@ -61,15 +61,7 @@ impl Llama {
             Variant::Qwen3 => "qwen3",
         };
         let hp = Hparams::read(g, arch)?;
-        // Llama 3.x's per-frequency rotary factors: not implemented, so such a file is refused, never run
-        // with the wrong positions.
-        if g.has_tensor("rope_freqs.weight") {
-            return Err(crate::error::Error::Tensor {
-                path: g.path().into(),
-                tensor: "rope_freqs.weight".into(),
-                reason: "rotary frequency factors (Llama 3.x) are not supported yet".into(),
-            });
-        }
+
         let (d, hd) = (hp.dim, hp.head_dim);
         let embed = Weight::load(g, "token_embd.weight", [hp.vocab, d], dev)?;
         let mut blocks = Vec::with_capacity(hp.layers);
@@ -104,7 +96,24 @@ impl Llama {
             Variant::Llama => RopeStyle::Interleaved,
             Variant::Qwen2 | Variant::Qwen3 => RopeStyle::Halves,
         };
-        let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, dev)?;
+        // Llama 3.x's per-frequency rotary factors (one per pair of rotated dimensions).
+        let factors = match g.has_tensor("rope_freqs.weight") {
+            true => Some(
+                g.tensor("rope_freqs.weight", Some(&[rope_dim / 2]), &Device::Cpu)?
+                    .dequantize(&Device::Cpu)?
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_vec1::<f32>()?,
+            ),
+            false => None,
+        };
+        if let Some(bad) = factors.iter().flatten().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return Err(crate::error::Error::Tensor {
+                path: g.path().into(),
+                tensor: "rope_freqs.weight".into(),
+                reason: format!("a factor of {bad}; each must be a positive number"),
+            });
+        }
+        let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, factors.as_deref(), dev)?;
         let host_steps = dev.is_cpu()
             && rope.dims() == hd
             && blocks.iter().all(|b| [&b.q, &b.k, &b.v, &b.o].iter().all(|l| l.on_kernels()) && b.mlp.on_kernels());
