@@ -1,6 +1,6 @@
 //! # reagent
 //!
-//! A local-model agent with in-process inference: it loads an open-weights GGUF model (llama, qwen2, qwen3 and
+//! A local-model agent with in-process inference: it loads an open-weights GGUF model (llama, qwen2, qwen3, smollm3 and
 //! gemma3 architectures) with candle, tokenizes exactly like llama.cpp, renders the model's own chat
 //! template and generates with a KV cache that can be kept across calls and rolled back.
 //!

@@ -382,3 +382,26 @@ fn crafted_metadata_is_an_error_not_a_crash() {
         assert!(err.contains(&format!("crafted-{i}.gguf")) && err.contains(needle), "{key}: {err}");
     }
 }
+
+/// SmolLM3's fourth layers attend without rotary positions: with the same weights as a llama file its
+/// logits differ, and its host decode step agrees with its batched pass (both skip the rotation there).
+#[test]
+fn smollm3_skips_rotary_positions_in_every_fourth_layer() {
+    let write = |arch: Arch| {
+        let path = scratch().join(format!("four-layers-{}.gguf", arch.as_str()));
+        write_tiny_gguf(&path, &TinySpec { layers: 4, ..TinySpec::new(arch) }).unwrap();
+        Model::load(&path, &LoadOptions::default()).unwrap()
+    };
+    let ids: Vec<u32> = (20..44).collect();
+    let (mut smol, mut llama) = (write(Arch::SmolLM3), write(Arch::Llama));
+    let a = smol.forward(&ids, 0).unwrap();
+    assert!(!bits_equal(&a, &llama.forward(&ids, 0).unwrap()), "the fourth layer is rotated");
+    let mut stepped = write(Arch::SmolLM3);
+    let mut last = Vec::new();
+    for (i, &t) in ids.iter().enumerate() {
+        last = stepped.forward(&[t], i).unwrap();
+    }
+    let max_diff = a.iter().zip(&last).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let (lo, hi) = a.iter().fold((f32::MAX, f32::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    assert!(max_diff < 0.03 * (hi - lo), "step against batch: {max_diff} of {}", hi - lo);
+}

@@ -17,7 +17,7 @@ import gguf
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("arch", choices=["llama", "qwen2", "qwen3"])
+    ap.add_argument("arch", choices=["llama", "qwen2", "qwen3", "smollm3"])
     ap.add_argument("source")
     ap.add_argument("out")
     ap.add_argument("--dim", type=int, default=128)
@@ -44,7 +44,7 @@ def main():
     w.add_head_count_kv(a.kv_heads)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_freq_base(500_000.0 if a.arch == "llama" else 1_000_000.0)
+    w.add_rope_freq_base(500_000.0 if a.arch in ("llama", "smollm3") else 1_000_000.0)
     w.add_rope_dimension_count(hd)
     w.add_layer_norm_rms_eps(1e-6)
     for name, field in src.fields.items():

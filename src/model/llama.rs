@@ -22,6 +22,8 @@ pub enum Variant {
     Llama,
     Qwen2,
     Qwen3,
+    /// Llama's block; every fourth layer (the 4th, 8th, …) attends without rotary positions ("NoPE").
+    SmolLM3,
 }
 
 struct Block {
@@ -35,6 +37,8 @@ struct Block {
     ffn_norm: RmsNorm,
     mlp: GatedMlp,
     cache: KvCache,
+    /// Rotary positions on this layer's queries and keys (off in SmolLM3's NoPE layers).
+    rotary: bool,
 }
 
 /// A loaded llama-family model with its KV cache.
@@ -59,6 +63,7 @@ impl Llama {
             Variant::Llama => "llama",
             Variant::Qwen2 => "qwen2",
             Variant::Qwen3 => "qwen3",
+            Variant::SmolLM3 => "smollm3",
         };
         let hp = Hparams::read(g, arch)?;
 
@@ -83,6 +88,7 @@ impl Llama {
                 ffn_norm: RmsNorm::load(g, &format!("{p}.ffn_norm"), d, hp.eps, dev)?,
                 mlp: GatedMlp::load(g, &p, d, hp.ffn, false, dev)?,
                 cache: KvCache::new(max_len, dev),
+                rotary: !(variant == Variant::SmolLM3 && (i + 1) % 4 == 0),
             });
         }
         let norm = RmsNorm::load(g, "output_norm", d, hp.eps, dev)?;
@@ -93,7 +99,7 @@ impl Llama {
         };
         let rope_dim = hp.rope_dims(g, arch)?;
         let style = match variant {
-            Variant::Llama => RopeStyle::Interleaved,
+            Variant::Llama | Variant::SmolLM3 => RopeStyle::Interleaved,
             Variant::Qwen2 | Variant::Qwen3 => RopeStyle::Halves,
         };
         // Llama 3.x's per-frequency rotary factors (one per pair of rotated dimensions).
@@ -139,8 +145,10 @@ impl Llama {
                 kn.host_heads(&mut s.k);
             }
             s.q.iter_mut().for_each(|x| *x *= scale);
-            self.rope.host(&mut s.q, pos)?;
-            self.rope.host(&mut s.k, pos)?;
+            if b.rotary {
+                self.rope.host(&mut s.q, pos)?;
+                self.rope.host(&mut s.k, pos)?;
+            }
             b.cache.attend_host(&s.q, (&s.k, &s.v), kv, None, &mut s.a)?;
             matvec_host([&b.o], &s.a, [&mut s.y])?;
             host::add(&mut s.x, &s.y);
@@ -219,8 +227,10 @@ impl super::Network for Llama {
             };
             let q = (q * scale)?;
             let v = split_heads(&v, kv, hd)?;
-            let q = self.rope.apply(&q, pos)?;
-            let k = self.rope.apply(&k, pos)?;
+            let (q, k) = match b.rotary {
+                true => (self.rope.apply(&q, pos)?, self.rope.apply(&k, pos)?),
+                false => (q, k),
+            };
             let (ks, vs) = b.cache.append(&k, &v)?;
             let a = attention(&q, &ks, &vs, None)?;
             x = (x + b.o.forward(&a)?)?;

@@ -70,6 +70,8 @@ pub enum Arch {
     Qwen2,
     /// Qwen 3: Qwen 2's block without q/k/v biases, with an RMS norm over each query and key head.
     Qwen3,
+    /// SmolLM3: llama's block, without rotary positions in every fourth layer.
+    SmolLM3,
     Gemma3,
 }
 
@@ -79,6 +81,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "smollm3" => Ok(Arch::SmolLM3),
             "gemma3" => Ok(Arch::Gemma3),
             other => Err(Error::UnsupportedArch { path: path.to_path_buf(), arch: other.to_string() }),
         }
@@ -95,6 +98,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::SmolLM3 => "smollm3",
             Arch::Gemma3 => "gemma3",
         }
     }
@@ -194,6 +198,7 @@ impl Transformer {
             Arch::Llama => Box::new(llama::Llama::load(g, llama::Variant::Llama, max_len, dev)?),
             Arch::Qwen2 => Box::new(llama::Llama::load(g, llama::Variant::Qwen2, max_len, dev)?),
             Arch::Qwen3 => Box::new(llama::Llama::load(g, llama::Variant::Qwen3, max_len, dev)?),
+            Arch::SmolLM3 => Box::new(llama::Llama::load(g, llama::Variant::SmolLM3, max_len, dev)?),
             Arch::Gemma3 => Box::new(gemma3::Gemma3::load(g, max_len, dev)?),
         };
         let hparams = net.hparams().clone();

@@ -198,7 +198,7 @@ impl Rng {
 pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
     let arch = spec.arch.as_str();
     let vocab = match spec.arch {
-        Arch::Llama => bpe_vocab("smollm"),
+        Arch::Llama | Arch::SmolLM3 => bpe_vocab("smollm"),
         Arch::Qwen2 | Arch::Qwen3 => bpe_vocab("qwen2"),
         Arch::Gemma3 => spm_vocab(),
     };
