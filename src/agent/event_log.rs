@@ -246,10 +246,13 @@ fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
         run.finished = true;
         return true;
     }
-    if !value.get("event").is_some_and(|e| e.is_string()) {
-        return false;
+    // The events a resume reads; others say nothing it needs (and may come from a newer build).
+    const READ: [&str; 4] = ["decision_extracted", "tool_call_started", "tool_call_completed", "step_completed"];
+    let Some(kind) = value.get("event").and_then(|e| e.as_str()) else { return false };
+    if !READ.contains(&kind) {
+        return true;
     }
-    let Ok(event) = event_of(value) else { return false };
+    let Ok(event) = serde_json::from_value::<E>(value.clone()) else { return false };
     match event {
         E::DecisionExtracted { decision, text, .. } => {
             run.steps.push(RecordedStep { decision, text, record: None, started: Vec::new() })
@@ -274,30 +277,4 @@ fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
         _ => {}
     }
     true
-}
-
-/// The events a resume reads, from a trace line (others come back as `RunResumed`, which it skips).
-fn event_of(v: &serde_json::Value) -> std::result::Result<super::events::AgentEvent, String> {
-    use super::events::AgentEvent as E;
-    fn field<T: serde::de::DeserializeOwned>(v: &serde_json::Value, k: &str) -> std::result::Result<T, String> {
-        let x = v.get(k).cloned().ok_or_else(|| format!("no `{k}`"))?;
-        serde_json::from_value(x).map_err(|e| format!("`{k}`: {e}"))
-    }
-    Ok(match v["event"].as_str().unwrap_or_default() {
-        "decision_extracted" => E::DecisionExtracted {
-            step: field(v, "step")?,
-            decision: field(v, "decision")?,
-            stats: field(v, "stats")?,
-            text: field(v, "text")?,
-        },
-        "tool_call_started" => E::ToolCallStarted { step: field(v, "step")?, call: field(v, "call")? },
-        "tool_call_completed" => E::ToolCallCompleted {
-            step: field(v, "step")?,
-            call: field(v, "call")?,
-            outcome: field(v, "outcome")?,
-            seconds: field(v, "seconds")?,
-        },
-        "step_completed" => E::StepCompleted { step: field(v, "step")?, record: field(v, "record")? },
-        _ => E::RunResumed { steps: 0 },
-    })
 }

@@ -46,7 +46,7 @@ fn is_zero(n: &usize) -> bool {
 }
 
 /// Something that happened during a run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum AgentEvent {
@@ -166,7 +166,7 @@ impl<F: FnMut(&AgentEvent) + Send> EventSink for F {
 }
 
 /// Why a run ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum StopReason {

@@ -215,6 +215,37 @@ impl KvCache {
     }
 }
 
+/// Every layer's first `len` positions (`None` off the CPU or past what is cached).
+pub(crate) fn export_layers<'a>(caches: impl Iterator<Item = &'a KvCache>, len: usize) -> Option<Vec<KvBlock>> {
+    caches.map(|c| c.export(len)).collect()
+}
+
+/// Replaces each layer's cache with its saved block, after checking that every block has the model's
+/// shape (`kv_heads` heads of `head_dim` values per position, one block per layer, one length); the
+/// positions now cached.
+pub(crate) fn import_layers(
+    caches: Vec<&mut KvCache>,
+    blocks: &[KvBlock],
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<usize> {
+    let len = blocks.first().map_or(0, |b| b.len);
+    let fits = |b: &KvBlock| {
+        b.len == len
+            && b.d == head_dim
+            && b.k.len() == kv_heads
+            && b.v.len() == kv_heads
+            && b.k.iter().chain(&b.v).all(|x| x.len() == len * head_dim)
+    };
+    if blocks.len() != caches.len() || !blocks.iter().all(fits) {
+        return Err(Error::param("cache", "a saved prefix of another shape"));
+    }
+    for (cache, block) in caches.into_iter().zip(blocks) {
+        cache.import(block)?;
+    }
+    Ok(len)
+}
+
 /// Queries per attention chunk on long prompts.
 const ATTENTION_CHUNK: usize = 128;
 

@@ -183,27 +183,12 @@ impl super::Network for Llama {
     }
 
     fn export_kv(&self, len: usize) -> Option<Vec<super::attention::KvBlock>> {
-        self.blocks.iter().map(|b| b.cache.export(len)).collect()
+        super::attention::export_layers(self.blocks.iter().map(|b| &b.cache), len)
     }
 
     fn import_kv(&mut self, blocks: &[super::attention::KvBlock]) -> Result<()> {
-        let len = blocks.first().map_or(0, |b| b.len);
-        let (heads, d) = (self.hp.kv_heads, self.hp.head_dim);
-        if blocks.len() != self.blocks.len()
-            || blocks.iter().any(|b| {
-                b.len != len
-                    || b.d != d
-                    || b.k.len() != heads
-                    || b.v.len() != heads
-                    || b.k.iter().chain(&b.v).any(|x| x.len() != len * d)
-            })
-        {
-            return Err(crate::error::Error::param("cache", "a saved prefix of another shape"));
-        }
-        for (b, block) in self.blocks.iter_mut().zip(blocks) {
-            b.cache.import(block)?;
-        }
-        self.len = len;
+        let caches = self.blocks.iter_mut().map(|b| &mut b.cache).collect();
+        self.len = super::attention::import_layers(caches, blocks, self.hp.kv_heads, self.hp.head_dim)?;
         Ok(())
     }
 

@@ -222,7 +222,7 @@ impl Need {
             return None;
         }
         let bare = spec.name.rsplit('.').next().unwrap_or(&spec.name);
-        let parts = name_parts(bare);
+        let parts: Vec<String> = name_words(bare).into_iter().filter(|p| p.chars().count() >= 3).collect();
         if parts.is_empty() {
             return None;
         }
@@ -239,24 +239,25 @@ impl Need {
     }
 }
 
-/// The lower-case parts of a tool name of three letters or more (`sendMessage`, `send_message` → send,
-/// message).
-fn name_parts(name: &str) -> Vec<String> {
-    let mut parts = Vec::new();
+/// The words of a tool's name, lower-cased: split at anything not a letter or digit and where a lower-case
+/// letter meets a capital (`ViolationApi_get` → violation, api, get).
+pub fn name_words(name: &str) -> Vec<String> {
+    let mut out = Vec::new();
     let mut cur = String::new();
     let mut prev_lower = false;
     for c in name.chars() {
         if (!c.is_alphanumeric() || (prev_lower && c.is_uppercase())) && !cur.is_empty() {
-            parts.push(std::mem::take(&mut cur));
+            out.push(std::mem::take(&mut cur));
         }
         if c.is_alphanumeric() {
             cur.extend(c.to_lowercase());
         }
         prev_lower = c.is_lowercase();
     }
-    parts.push(cur);
-    parts.retain(|p| p.chars().count() >= 3);
-    parts
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
 }
 
 /// The alphanumeric words of `text` with their byte offsets.

@@ -125,26 +125,7 @@ pub(super) fn written_numbers(text: &str) -> Vec<f64> {
     out
 }
 
-/// The words of a tool's name, lower-cased: split at anything not a letter or digit and where a lower-case
-/// letter meets a capital (`ViolationApi_get` → violation, api, get).
-pub(super) fn name_words(name: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut prev_lower = false;
-    for c in name.chars() {
-        if (!c.is_alphanumeric() || (prev_lower && c.is_uppercase())) && !cur.is_empty() {
-            out.push(std::mem::take(&mut cur));
-        }
-        if c.is_alphanumeric() {
-            cur.extend(c.to_lowercase());
-        }
-        prev_lower = c.is_lowercase();
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
+pub(super) use crate::tools::name_words;
 
 /// Words of tool names that name an action any tool may do, not the thing a request asks about.
 pub(super) const GENERIC_ACTIONS: [&str; 16] = [
