@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::decode::generate::{generate, prefill, rate, GenerateParams, Request};
+use crate::decode::generate::{generate, prefill, rate, GenerateParams, Generation, Request, SPECULATE};
 use crate::decode::sampler::Sampling;
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
@@ -110,7 +110,12 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
     }
     let mut prompt = bos.clone();
     prompt.extend(tok.encode(DECODE_PROMPT, false)?);
-    let gp = GenerateParams::default().max_tokens(params.gen_tokens).sampling(Sampling::Greedy).ignore_eos(true);
+    // Plain decoding, as the peers measure it (drafts: `run_speculation`).
+    let gp = GenerateParams::default()
+        .max_tokens(params.gen_tokens)
+        .sampling(Sampling::Greedy)
+        .ignore_eos(true)
+        .speculate(0);
     let mut dec = Vec::new();
     for _ in 0..params.runs {
         model.truncate(0);
@@ -335,6 +340,132 @@ pub fn run_prompt_cache(model: &mut Model, params: &BenchParams) -> Result<Vec<P
         let file_mb = std::fs::metadata(&path).map_or(0.0, |m| m.len() as f64 / 1e6);
         rows.push(PromptCacheRow { tokens: len, compute_s: median(compute), load_s: median(load), file_mb });
         len *= 2;
+    }
+    Ok(rows)
+}
+
+/// A file the copy-heavy speculation workloads read: lines an answer quotes.
+const SPEC_FILE: &str = "2026-11-02 08:14:03 INFO  server started on port 8080 with 4 workers\n\
+2026-11-02 08:14:05 INFO  connected to database orders at db.internal:5432\n\
+2026-11-02 09:30:41 WARN  slow query on table customers took 2.4 seconds\n\
+2026-11-02 10:02:17 ERROR payment gateway timed out after 30 seconds for order 55121\n\
+2026-11-02 10:02:18 INFO  retrying payment for order 55121 (attempt 2 of 3)\n\
+2026-11-02 11:45:09 ERROR disk usage on /var/lib/orders reached 91 percent\n\
+2026-11-02 12:00:00 INFO  nightly report scheduled for 23:00 UTC\n\
+2026-11-02 13:27:52 ERROR certificate for api.orders.example expires in 6 days\n\
+2026-11-02 14:10:33 INFO  cache hit rate 87 percent over the last hour\n";
+
+/// One workload of [`run_speculation`]: the same greedy generation with and without drafts.
+#[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
+pub struct SpeculationRow {
+    pub workload: &'static str,
+    /// The prompt as the model saw it (for peers to run the same text).
+    pub prompt: String,
+    pub tokens: usize,
+    /// Median decode tokens per second without drafts, and with them.
+    pub plain_tok_s: f64,
+    pub drafted_tok_s: f64,
+    pub speedup: f64,
+    /// Tokens drafted and run ahead of the sampler (in the last drafted run).
+    pub drafted: usize,
+    /// Accepted drafts over drafted tokens.
+    pub acceptance: f64,
+    /// Generated tokens per forward pass of the decode (1 without drafts).
+    pub tokens_per_pass: f64,
+    /// Whether both gave the same tokens.
+    pub identical: bool,
+}
+
+/// Speculative decoding against plain decoding on three workloads: an answer that quotes lines of a
+/// file it was given, a ReAct decision after reading that file (under the decision grammar), and free
+/// text. Runs alternate between the two, `params.runs` each; at most `params.gen_tokens` tokens.
+pub fn run_speculation(model: &mut Model, params: &BenchParams) -> Result<Vec<SpeculationRow>> {
+    use crate::agent::decision::{decision_schema, DecisionOptions, ToolChoice};
+    use crate::decode::constraint::{Grammar, GrammarEngine};
+    use crate::text::chat::ChatMessage;
+
+    if params.runs == 0 || params.gen_tokens < 2 {
+        return Err(Error::param("bench", "it needs runs >= 1 and gen tokens >= 2"));
+    }
+    let tok = model.tokenizer().clone();
+    let stops = model.stop_tokens().to_vec();
+    let template = model.chat_template();
+    let quote = template.render(
+        &[ChatMessage::user(format!(
+            "Here is the file server.log:\n\n{SPEC_FILE}\nQuote every line that contains ERROR, exactly as it is \
+             written, one per line."
+        ))],
+        true,
+        None,
+    )?;
+    let decision = template.render(
+        &[
+            ChatMessage::system(DECISION_SYSTEM.replace("\"calculator\" or \"search\"", "\"read_file\"")),
+            ChatMessage::user("Which errors does server.log report? Decide the next step."),
+            ChatMessage::assistant(
+                r#"{"thought":"I need the log.","type":"call_tool","tool":"read_file","args":{"path":"server.log"}}"#,
+            ),
+            ChatMessage::user(format!(
+                "Observation: {SPEC_FILE}\nDecide the next step: answer with the error lines as they are written."
+            )),
+        ],
+        true,
+        None,
+    )?;
+    let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), &stops)?;
+    let read_file = crate::tools::ToolSpec::new(
+        "read_file",
+        "Reads a file.",
+        serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+    )?;
+    let schema = decision_schema(&[read_file], &ToolChoice::Auto, &DecisionOptions::default())?;
+    let grammar = Grammar::JsonSchema(schema);
+    let bos = if tok.add_bos() {
+        tok.bos().and_then(|b| tok.token_text(b)).unwrap_or_default().to_string()
+    } else {
+        String::new()
+    };
+    let workloads: [(&'static str, String, Option<&Grammar>, bool); 3] = [
+        ("quote lines", quote, None, false),
+        ("decision after a read", decision, Some(&grammar), false),
+        ("free text", format!("{bos}{DECODE_PROMPT}"), None, true),
+    ];
+    let mut rows = Vec::new();
+    for (workload, prompt, grammar, free) in workloads {
+        let ids = tok.encode(&prompt, true)?;
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut outs: [Option<Generation>; 2] = [None, None];
+        for _ in 0..params.runs {
+            for (i, k) in [0, SPECULATE].into_iter().enumerate() {
+                let gp = GenerateParams::default()
+                    .max_tokens(params.gen_tokens)
+                    .sampling(Sampling::Greedy)
+                    .ignore_eos(free)
+                    .speculate(k);
+                let mut c = grammar.map(|g| engine.constraint(g)).transpose()?;
+                model.truncate(0);
+                let req = Request::new(&ids).stop_tokens(&stops).constraint(c.as_mut());
+                let g = generate(model, &tok, req, &gp, &mut |_| {})?;
+                rates[i].push(g.stats.decode_tok_s());
+                outs[i] = Some(g);
+            }
+        }
+        let [Some(plain), Some(drafted)] = outs else { unreachable!("runs >= 1") };
+        let s = drafted.stats.speculation;
+        let (plain_tok_s, drafted_tok_s) = (median(&rates[0]), median(&rates[1]));
+        rows.push(SpeculationRow {
+            workload,
+            prompt,
+            tokens: drafted.tokens.len(),
+            plain_tok_s: round2(plain_tok_s),
+            drafted_tok_s: round2(drafted_tok_s),
+            speedup: round2(if plain_tok_s > 0.0 { drafted_tok_s / plain_tok_s } else { 0.0 }),
+            drafted: s.drafted,
+            acceptance: round2(s.acceptance()),
+            tokens_per_pass: round2(drafted.tokens.len().saturating_sub(1) as f64 / s.passes.max(1) as f64),
+            identical: plain.tokens == drafted.tokens,
+        });
     }
     Ok(rows)
 }

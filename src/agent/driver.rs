@@ -367,6 +367,8 @@ impl Driver for ModelDriver {
             loaded_tokens: loaded,
             generated_tokens: g.tokens.len(),
             forced_tokens: constraint.as_ref().map_or(0, |c| c.stats().forced_tokens),
+            drafted_tokens: g.stats.speculation.drafted,
+            accepted_tokens: g.stats.speculation.accepted,
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: constraint.as_ref().map(|c| c.stats().branch_margins.clone()).unwrap_or_default(),
         };
@@ -397,6 +399,8 @@ impl Driver for ModelDriver {
             loaded_tokens: 0,
             generated_tokens: g.tokens.len(),
             forced_tokens: constraint.stats().forced_tokens,
+            drafted_tokens: g.stats.speculation.drafted,
+            accepted_tokens: g.stats.speculation.accepted,
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: Vec::new(),
         };

@@ -23,6 +23,12 @@ pub struct DecisionStats {
     pub generated_tokens: usize,
     /// Tokens the grammar forced.
     pub forced_tokens: usize,
+    /// Tokens drafted from the context and run ahead of the sampler (speculative decoding), and how many
+    /// of them it picked: each accepted one is a forward pass saved.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drafted_tokens: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted_tokens: usize,
     pub seconds: f64,
     /// Logit margins where branch biases applied (native format: call vs answer, then one more call vs
     /// stop after each call), for tuning the biases offline.
@@ -37,6 +43,8 @@ impl DecisionStats {
         self.generated_tokens += other.generated_tokens;
         self.forced_tokens += other.forced_tokens;
         self.loaded_tokens += other.loaded_tokens;
+        self.drafted_tokens += other.drafted_tokens;
+        self.accepted_tokens += other.accepted_tokens;
         self.seconds += other.seconds;
     }
 }

@@ -458,4 +458,8 @@ pub(crate) struct BenchArgs {
     /// --prompt-tokens, doubling).
     #[arg(long, conflicts_with = "constrained")]
     pub(crate) prompt_cache: bool,
+    /// Measure speculative decoding (drafts from the context) against plain decoding: quoting lines of a
+    /// file, a decision after reading it, free text.
+    #[arg(long, conflicts_with_all = ["constrained", "prompt_cache"])]
+    pub(crate) speculation: bool,
 }

@@ -36,6 +36,29 @@ pub(super) fn bench(a: BenchArgs, threads: usize) -> Result<()> {
                 }
             }
         }
+    } else if a.speculation {
+        let rows = reagent::bench::run_speculation(&mut model, &params)?;
+        match a.json {
+            true => out!("{}", serde_json::to_string(&rows)?),
+            false => {
+                out!("| workload | tokens | plain tok/s | drafts tok/s | speedup | drafted | accepted | tokens/pass | same output |");
+                out!("|---|---|---|---|---|---|---|---|---|");
+                for r in &rows {
+                    out!(
+                        "| {} | {} | {:.1} | {:.1} | {:.2}x | {} | {:.0}% | {:.2} | {} |",
+                        r.workload,
+                        r.tokens,
+                        r.plain_tok_s,
+                        r.drafted_tok_s,
+                        r.speedup,
+                        r.drafted,
+                        r.acceptance * 100.0,
+                        r.tokens_per_pass,
+                        if r.identical { "yes" } else { "NO" }
+                    );
+                }
+            }
+        }
     } else if a.constrained {
         let r = reagent::bench::run_constrained(&mut model, &params, threads)?;
         match a.json {

@@ -537,6 +537,16 @@ impl Constraint {
         Ok(n)
     }
 
+    /// How many of `tokens`, in order, the grammar would take from here (nothing is consumed): the part of
+    /// a speculative draft worth running through the model.
+    pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        let n = tokens.iter().take_while(|&&t| (t as usize) < self.vocab).count();
+        if n == 0 || self.matcher.is_stopped() {
+            return 0;
+        }
+        self.matcher.validate_tokens(&tokens[..n]).unwrap_or(0)
+    }
+
     /// Undoes the last `n` tokens (sampled or forced).
     pub fn rollback(&mut self, n: usize) -> Result<()> {
         self.pending_mask = None;

@@ -1,12 +1,14 @@
 //! The generation loop: prefill, then sample token by token until a stop token, a stop string, the
 //! token limit or the end of the context, streaming complete UTF-8 text to a callback.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::constraint::Constraint;
 use super::sampler::{Sampler, Sampling};
+use super::speculate::{self, SpeculationStats};
 use crate::error::{Error, Result};
 use crate::model::LanguageModel;
 use crate::text::tokenizer::{StreamDecoder, Tokenizer};
@@ -32,7 +34,15 @@ pub struct GenerateParams {
     /// Under a grammar, the last this many tokens of `max_tokens` are steered to close what is open
     /// ([`Constraint::prefer_closing`]), so that constrained output ends complete within the limit.
     pub close_within: usize,
+    /// Speculative decoding: at most this many tokens drafted from the context ([`speculate::lookup`])
+    /// are run with each sampled token in one forward pass, and kept as far as the sampler picks them.
+    /// The output is the same as without (to the batched kernels' float summation order); 0 turns it off.
+    /// Only where the model has a batched step ([`LanguageModel::verify_batch`]).
+    pub speculate: usize,
 }
+
+/// The default [`GenerateParams::speculate`].
+pub const SPECULATE: usize = 12;
 
 impl Default for GenerateParams {
     fn default() -> Self {
@@ -43,6 +53,7 @@ impl Default for GenerateParams {
             stop_strings: Vec::new(),
             ignore_eos: false,
             close_within: CLOSE_WITHIN,
+            speculate: SPECULATE,
         }
     }
 }
@@ -54,6 +65,7 @@ setters!(GenerateParams {
     stop_strings: Vec<String>,
     ignore_eos: bool,
     close_within: usize,
+    speculate: usize,
 });
 
 /// Why generation ended.
@@ -88,6 +100,8 @@ pub struct GenerationStats {
     pub generated_tokens: usize,
     #[serde(with = "secs")]
     pub decode_time: Duration,
+    /// Drafted tokens, accepted drafts and forward passes of the decode.
+    pub speculation: SpeculationStats,
 }
 
 mod secs {
@@ -206,6 +220,18 @@ pub fn generate(
     // the tokens the grammar forces after it if there are any (a short batch reads the weights once for
     // all its tokens, where the sampled token alone would take one pass and the forced run another).
     let mut lead = None;
+    // Drafted tokens run through the model after the last accepted token, each with the logits after it:
+    // the sampler's picks are checked against them in order. They are the last positions of the KV cache.
+    let mut drafts: VecDeque<(u32, Vec<f32>)> = VecDeque::new();
+    let max_draft = params.speculate.min(model.verify_batch().saturating_sub(1));
+    let mut spec = SpeculationStats::default();
+    // Drafting pays only while the output copies the context: a draft is run only after the token just
+    // picked was the one a lookup proposed (`guess`), so free text, where lookups rarely come true, pays
+    // for no batch it does not use.
+    let (mut guess, mut copying, mut batch_accepted) = (None, false, 0);
+    // The draft length follows the copying: doubled after a draft that came true whole, cut back to what
+    // came true (plus one) after one that did not, since each drafted token costs a fraction of a pass.
+    let mut draft_len = max_draft.min(speculate::FIRST_DRAFT);
     let stop = loop {
         if let Some(s) = run.limit_reached() {
             break s;
@@ -213,7 +239,25 @@ pub fn generate(
         if let Some(c) = constraint.as_deref_mut() {
             let forced = c.forced_tokens()?;
             if !forced.is_empty() {
-                match run.force(model, tok, lead.take(), forced, on_text)? {
+                // Forced tokens that drafts ran already (with their logits) are taken as they are.
+                let mut ran = 0;
+                while let Some(after) = take_draft(&mut drafts, forced.get(ran).copied()) {
+                    logits = after;
+                    ran += 1;
+                }
+                discard(model, &mut drafts);
+                if ran > 0 {
+                    spec.accepted += ran;
+                    batch_accepted += ran;
+                    if let Some(s) = run.append_forced(tok, &forced[..ran], on_text) {
+                        break s;
+                    }
+                    if ran == forced.len() {
+                        continue;
+                    }
+                }
+                spec.passes += 1;
+                match run.force(model, tok, lead.take(), forced[ran..].to_vec(), on_text)? {
                     Ok(next_logits) => logits = next_logits,
                     Err(s) => break s,
                 }
@@ -221,7 +265,30 @@ pub fn generate(
             }
         }
         if let Some(t) = lead.take() {
-            logits = model.forward(&[t], run.pos() - 1)?;
+            let pos = run.pos() - 1;
+            let room = draft_len.min(run.remaining()).min(capacity.saturating_sub(pos + 2));
+            let context = [prompt, &run.tokens].concat();
+            let (found, n) = speculate::lookup_match(&context, room);
+            let mut draft = found.to_vec();
+            guess = draft.first().copied();
+            if !copying && !speculate::sure_match(n) {
+                draft.clear();
+            }
+            if let Some(c) = constraint.as_deref_mut() {
+                draft.truncate(c.valid_prefix(&draft));
+            }
+            spec.passes += 1;
+            if draft.is_empty() {
+                logits = model.forward(&[t], pos)?;
+            } else {
+                let batch: Vec<u32> = std::iter::once(t).chain(draft.iter().copied()).collect();
+                let all = model.forward_all(&batch, pos)?;
+                let mut rows = all.chunks_exact(all.len() / batch.len()).map(<[f32]>::to_vec);
+                logits = rows.next().expect("a row per token");
+                drafts.extend(draft.iter().copied().zip(rows));
+                spec.drafted += draft.len();
+                batch_accepted = 0;
+            }
         }
         if let Some(c) = constraint.as_deref_mut() {
             if c.is_finished() {
@@ -233,6 +300,7 @@ pub fn generate(
             }
         }
         let Some(next) = sampler.sample(&logits) else {
+            discard(model, &mut drafts);
             return Err(match constraint {
                 Some(_) => Error::Constraint { problem: "the grammar allows no token here".into() },
                 None => Error::param("logits", "every token has -inf logit"),
@@ -244,11 +312,36 @@ pub fn generate(
         if !params.ignore_eos && stop_tokens.contains(&next) {
             break FinishReason::StopToken { token: next };
         }
+        // The sampler picked the drafted token: it is in the cache already, with the logits after it.
+        let drafted = take_draft(&mut drafts, Some(next));
+        // A draft that came true in part still shows copying (a copied line that ends, a word changed).
+        copying = match (&drafted, drafts.is_empty()) {
+            (Some(_), _) => true,
+            (None, false) => batch_accepted > 0,
+            (None, true) => guess == Some(next),
+        };
+        match (&drafted, drafts.is_empty()) {
+            (Some(_), true) => draft_len = (draft_len * 2).min(max_draft),
+            (None, false) => draft_len = (batch_accepted + 1).clamp(speculate::FIRST_DRAFT.min(max_draft), max_draft),
+            _ => {}
+        }
+        guess = None;
+        if drafted.is_none() {
+            discard(model, &mut drafts);
+        }
         if let Some(s) = run.accept(tok, next, on_text) {
             break s;
         }
-        lead = Some(next);
+        match drafted {
+            Some(after) => {
+                spec.accepted += 1;
+                batch_accepted += 1;
+                logits = after;
+            }
+            None => lead = Some(next),
+        }
     };
+    discard(model, &mut drafts);
     let Decoding { tokens, out, .. } = run;
     let decode_time = t1.elapsed();
     let text = out.finish(&stop, on_text);
@@ -258,8 +351,25 @@ pub fn generate(
         prefill_time,
         generated_tokens: tokens.len(),
         decode_time,
+        speculation: spec,
     };
     Ok(Generation { text, tokens, stop, stats })
+}
+
+/// The logits after the first drafted token, taken off the queue, if it is `token`.
+fn take_draft(drafts: &mut VecDeque<(u32, Vec<f32>)>, token: Option<u32>) -> Option<Vec<f32>> {
+    match drafts.front() {
+        Some((d, _)) if Some(*d) == token => drafts.pop_front().map(|(_, after)| after),
+        _ => None,
+    }
+}
+
+/// Drops drafted tokens the sampler did not pick from the end of the KV cache.
+fn discard(model: &mut dyn LanguageModel, drafts: &mut VecDeque<(u32, Vec<f32>)>) {
+    if !drafts.is_empty() {
+        model.truncate(model.cache_len().saturating_sub(drafts.len()));
+        drafts.clear();
+    }
 }
 
 /// The decode loop's state: the tokens so far, their text, and the limits that end it.
@@ -308,17 +418,28 @@ impl Decoding<'_> {
         // The lead token is already accepted (the last of `tokens`) but not yet run.
         let pos = self.pos() - usize::from(lead.is_some());
         let batch: Vec<u32> = lead.into_iter().chain(forced.iter().copied()).collect();
-        for &t in &forced {
+        if let Some(s) = self.append_forced(tok, &forced, on_text) {
+            return Ok(Err(s));
+        }
+        Ok(Ok(model.forward(&batch, pos)?))
+    }
+
+    /// Appends forced tokens (the grammar's, within the budget): why the generation ends after them, if
+    /// it does.
+    fn append_forced(
+        &mut self,
+        tok: &Tokenizer,
+        forced: &[u32],
+        on_text: &mut dyn FnMut(&str),
+    ) -> Option<FinishReason> {
+        for &t in forced {
             self.tokens.push(t);
             self.out.push(tok, t, on_text);
         }
         if let Some(s) = self.out.check_stop(on_text) {
-            return Ok(Err(s));
+            return Some(s);
         }
-        if self.tokens.len() >= self.params.max_tokens {
-            return Ok(Err(FinishReason::MaxTokens));
-        }
-        Ok(Ok(model.forward(&batch, pos)?))
+        (self.tokens.len() >= self.params.max_tokens).then_some(FinishReason::MaxTokens)
     }
 
     /// Appends a sampled token: why the generation ends after it, if it does.

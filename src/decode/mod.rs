@@ -5,3 +5,4 @@ pub mod constraint;
 pub mod generate;
 pub mod model_api;
 pub mod sampler;
+pub mod speculate;

@@ -137,6 +137,17 @@ impl Linear {
         host_vec(&self.forward(&Tensor::from_slice(x, (1, 1, x.len()), dev)?)?)
     }
 
+    /// `x · Wᵀ (+ b)` for `m` host rows: on the kernels where the weights are ([`matvec_host_rows`]), else
+    /// through candle on `dev`.
+    pub(crate) fn rows_host(&self, xs: &[f32], m: usize, dev: &Device) -> Result<Vec<f32>> {
+        if self.on_kernels() {
+            let mut y = Vec::new();
+            matvec_host_rows([self], xs, m, [&mut y])?;
+            return Ok(y);
+        }
+        host_vec(&self.forward(&Tensor::from_slice(xs, (1, m, xs.len() / m.max(1)), dev)?)?)
+    }
+
     /// The batched host kernel this layer multiplies `rows` rows on, if any: AMX tiles where the CPU has
     /// them, else reagent's integer tiles; `None` for the other paths (the f32 reference, candle's
     /// weights, weights no such kernel takes, or too few rows).
@@ -272,6 +283,50 @@ pub(crate) fn matvec_host<const N: usize>(layers: [&Linear; N], x: &[f32], ys: [
     Ok(())
 }
 
+/// [`matvec_host`] for `m` rows of `xs` (row after row), each weight read from memory once for all of
+/// them ([`kernels::matvec_tokens`]): `ys[i]` gets `m` rows of layer `i`'s outputs. One row is
+/// [`matvec_host`]. The batch of a speculative step: a handful of tokens at the cost of about one.
+pub(crate) fn matvec_host_rows<const N: usize>(
+    layers: [&Linear; N],
+    xs: &[f32],
+    m: usize,
+    ys: [&mut Vec<f32>; N],
+) -> Result<()> {
+    if m == 1 {
+        return matvec_host(layers, xs, ys);
+    }
+    if m == 0 || !xs.len().is_multiple_of(m) {
+        return Err(Error::param("xs", format!("{} values are not {m} rows", xs.len())));
+    }
+    let k = xs.len() / m;
+    let (mut per_block, mut per_super): (Option<Vec<Q8Block>>, Option<Vec<Q8Block>>) = (None, None);
+    for (l, y) in layers.iter().zip(ys) {
+        let (Weight::Mapped { t, m: w }, false) = (&l.w, l.reference) else {
+            return Err(Error::param("layer", "host rows need weights on the kernels"));
+        };
+        let (rows, cols) = l.w.dims()?;
+        if cols != k {
+            return Err(Error::param("xs", format!("rows of {k} values for a layer of {cols} inputs")));
+        }
+        let slot = if t.block_elems() == kernels::QK { &mut per_block } else { &mut per_super };
+        let xq = slot.get_or_insert_with(|| {
+            let blocks = k / kernels::QK;
+            let mut q = vec![Q8Block::default(); m * blocks];
+            for (xr, qr) in xs.chunks_exact(k).zip(q.chunks_exact_mut(blocks)) {
+                kernels::quantize_row_q8_for(*t, xr, qr);
+            }
+            q
+        });
+        y.clear();
+        y.resize(m * rows, 0.0);
+        kernels::matvec_tokens(*t, w.bytes(), rows, xq, m, y);
+        if let Some(b) = &l.b_host {
+            y.chunks_exact_mut(rows).for_each(|row| super::host::add(row, b));
+        }
+    }
+    Ok(())
+}
+
 /// The batched kernels on host buffers ([`Linear::host_batch`]).
 #[derive(Clone, Copy)]
 enum HostBatch {
@@ -330,6 +385,15 @@ impl RmsNorm {
     pub(crate) fn host(&self, x: &[f32], out: &mut Vec<f32>) {
         out.resize(x.len(), 0.0);
         super::host::rms_norm(x, &self.w_host, self.eps, out);
+    }
+
+    /// `out = norm(row)` for every row of `x` (host buffers, CPU only).
+    pub(crate) fn host_rows(&self, x: &[f32], out: &mut Vec<f32>) {
+        out.resize(x.len(), 0.0);
+        let d = self.w_host.len();
+        for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+            super::host::rms_norm(xr, &self.w_host, self.eps, or);
+        }
     }
 
     /// Every `w`-sized head of `x` normalised in place (CPU only).
@@ -465,6 +529,19 @@ impl GatedMlp {
         matvec_host([&self.gate, &self.up], x, [&mut *gate, &mut *up])?;
         super::host::gated(gate, up, self.gelu);
         matvec_host([&self.down], gate, [out])
+    }
+
+    /// [`Self::host`] for `m` rows of `x`, each weight read once for all of them.
+    pub(crate) fn host_rows(
+        &self,
+        x: &[f32],
+        m: usize,
+        (gate, up): (&mut Vec<f32>, &mut Vec<f32>),
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        matvec_host_rows([&self.gate, &self.up], x, m, [&mut *gate, &mut *up])?;
+        super::host::gated(gate, up, self.gelu);
+        matvec_host_rows([&self.down], gate, m, [out])
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {

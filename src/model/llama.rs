@@ -10,8 +10,8 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, host_vec, last_position, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
-    RopeStyle, Weight,
+    forward_shared, host_vec, last_position, matvec_host, matvec_host_rows, split_heads, GatedMlp, Hparams, Linear,
+    RmsNorm, Rope, RopeStyle, Weight,
 };
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -160,6 +160,47 @@ impl Llama {
         self.norm.host(&s.x, &mut s.h);
         self.output.row_host(&s.h, &self.device)
     }
+    /// A few tokens on host buffers, each weight read once for all of them: [`Self::step`]'s arithmetic
+    /// row by row (to the kernels' summation order), the logits of every position, `tokens.len() × vocab`.
+    fn steps(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (m, kv, hd) = (tokens.len(), hp.kv_heads, hp.head_dim);
+        let pos = self.len;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let s = &mut self.scratch;
+        s.x = self.embed.rows(tokens, &self.device)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut one = Vec::new();
+        for b in &mut self.blocks {
+            b.attn_norm.host_rows(&s.x, &mut s.h);
+            matvec_host_rows([&b.q, &b.k, &b.v], &s.h, m, [&mut s.q, &mut s.k, &mut s.v])?;
+            if let Some((qn, kn)) = &b.qk_norm {
+                qn.host_heads(&mut s.q);
+                kn.host_heads(&mut s.k);
+            }
+            s.q.iter_mut().for_each(|x| *x *= scale);
+            let (qw, kw) = (s.q.len() / m, s.k.len() / m);
+            s.a.clear();
+            for i in 0..m {
+                let q = &mut s.q[i * qw..(i + 1) * qw];
+                let k = &mut s.k[i * kw..(i + 1) * kw];
+                if b.rotary {
+                    self.rope.host(q, pos + i)?;
+                    self.rope.host(k, pos + i)?;
+                }
+                // Each position joins the cache before it attends: the batch sees itself causally.
+                b.cache.attend_host(q, (k, &s.v[i * kw..(i + 1) * kw]), kv, None, &mut one)?;
+                s.a.extend_from_slice(&one);
+            }
+            matvec_host_rows([&b.o], &s.a, m, [&mut s.y])?;
+            host::add(&mut s.x, &s.y);
+            b.ffn_norm.host_rows(&s.x, &mut s.h);
+            b.mlp.host_rows(&s.h, m, (&mut s.gate, &mut s.up), &mut s.y)?;
+            host::add(&mut s.x, &s.y);
+        }
+        self.len += m;
+        self.norm.host_rows(&s.x, &mut s.h);
+        self.output.rows_host(&s.h, m, &self.device)
+    }
 }
 
 impl super::Network for Llama {
@@ -190,6 +231,21 @@ impl super::Network for Llama {
         let caches = self.blocks.iter_mut().map(|b| &mut b.cache).collect();
         self.len = super::attention::import_layers(caches, blocks, self.hp.kv_heads, self.hp.head_dim)?;
         Ok(())
+    }
+
+    fn verify_batch(&self) -> usize {
+        if self.host_steps {
+            super::VERIFY_BATCH
+        } else {
+            1
+        }
+    }
+
+    fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        match tokens.len() {
+            2.. if self.host_steps && tokens.len() <= super::VERIFY_BATCH => self.steps(tokens),
+            _ => super::forward_each(self, tokens),
+        }
     }
 
     /// Runs `tokens` at the end of the cache; returns the last position's logits.

@@ -60,6 +60,20 @@ pub trait LanguageModel {
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>>;
     /// Drops cached positions from `len` on.
     fn truncate(&mut self, len: usize);
+    /// [`Self::forward`], returning the logits of every position (`tokens.len() × vocab_size`, position
+    /// after position): what a speculative step verifies its drafted tokens with.
+    fn forward_all(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        let mut all = Vec::with_capacity(tokens.len() * self.vocab_size());
+        for (i, &t) in tokens.iter().enumerate() {
+            all.extend(self.forward(&[t], pos + i)?);
+        }
+        Ok(all)
+    }
+    /// How many tokens [`Self::forward_all`] runs at about the cost of one: 1 where it has no batched
+    /// path, and drafting tokens would cost a step each.
+    fn verify_batch(&self) -> usize {
+        1
+    }
 }
 
 /// The supported architectures.
@@ -114,10 +128,30 @@ pub(crate) trait Network: Send {
     fn truncate(&mut self, len: usize);
     /// Runs `tokens` after the cached positions; the logits of the last one.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// Runs `tokens` after the cached positions; the logits of every one, `tokens.len() × vocab`.
+    fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        forward_each(self, tokens)
+    }
+    /// How many tokens [`Self::forward_all`] runs at about the cost of one (1: no batch path).
+    fn verify_batch(&self) -> usize {
+        1
+    }
     /// Each layer's keys and values for the first `len` positions (`None` off the CPU).
     fn export_kv(&self, len: usize) -> Option<Vec<attention::KvBlock>>;
     /// Replaces the cache with saved positions.
     fn import_kv(&mut self, blocks: &[attention::KvBlock]) -> Result<()>;
+}
+
+/// The most tokens a batched decode step takes ([`LanguageModel::forward_all`] on host buffers).
+pub const VERIFY_BATCH: usize = 16;
+
+/// [`Network::forward_all`] one token at a time.
+fn forward_each<N: Network + ?Sized>(net: &mut N, tokens: &[u32]) -> Result<Vec<f32>> {
+    let mut all = Vec::with_capacity(tokens.len() * net.hparams().vocab);
+    for &t in tokens {
+        all.extend(net.forward(&[t])?);
+    }
+    Ok(all)
 }
 
 /// Options for [`crate::text::Model::load`] (the tokenizer option is read there).
@@ -229,6 +263,27 @@ impl Transformer {
         Some(KvPrefix { layers: self.net.export_kv(len)?, len })
     }
 
+    /// Refuses a batch that cannot run at `pos`: past the cache's end, empty, over the context, or with a
+    /// token outside the vocabulary.
+    fn check_batch(&self, tokens: &[u32], pos: usize) -> Result<()> {
+        let len = self.cache_len();
+        if pos > len {
+            return Err(Error::BadPosition { pos, len });
+        }
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let capacity = self.context_length();
+        if pos + tokens.len() > capacity {
+            return Err(Error::ContextOverflow { needed: pos + tokens.len(), capacity });
+        }
+        let vocab = self.info.hparams.vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { id: bad, vocab_size: vocab });
+        }
+        Ok(())
+    }
+
     /// Replaces the KV cache with a saved prefix.
     pub fn import_prefix(&mut self, prefix: &KvPrefix) -> Result<()> {
         if prefix.len > self.context_length() {
@@ -259,21 +314,7 @@ impl LanguageModel for Transformer {
     }
 
     fn forward(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
-        let len = self.cache_len();
-        if pos > len {
-            return Err(Error::BadPosition { pos, len });
-        }
-        if tokens.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        let capacity = self.context_length();
-        if pos + tokens.len() > capacity {
-            return Err(Error::ContextOverflow { needed: pos + tokens.len(), capacity });
-        }
-        let vocab = self.info.hparams.vocab;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::TokenOutOfRange { id: bad, vocab_size: vocab });
-        }
+        self.check_batch(tokens, pos)?;
         self.truncate(pos);
         let _span = tracing::trace_span!("forward", n = tokens.len(), pos).entered();
         self.net.forward(tokens)
@@ -281,5 +322,16 @@ impl LanguageModel for Transformer {
 
     fn truncate(&mut self, len: usize) {
         self.net.truncate(len)
+    }
+
+    fn forward_all(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        self.check_batch(tokens, pos)?;
+        self.truncate(pos);
+        let _span = tracing::trace_span!("forward_all", n = tokens.len(), pos).entered();
+        self.net.forward_all(tokens)
+    }
+
+    fn verify_batch(&self) -> usize {
+        self.net.verify_batch()
     }
 }

@@ -113,4 +113,10 @@ impl LanguageModel for Model {
     fn truncate(&mut self, len: usize) {
         self.lm.truncate(len)
     }
+    fn forward_all(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<f32>> {
+        self.lm.forward_all(tokens, pos)
+    }
+    fn verify_batch(&self) -> usize {
+        self.lm.verify_batch()
+    }
 }
