@@ -373,6 +373,9 @@ unsafe fn rows_tokens_into(
         let xstride = if k_quant { blocks / 8 } else { blocks.div_ceil(2) };
         let whole = if k_quant { packed.supers.len() } else { packed.pairs.len() } == m * xstride;
         assert!(whole, "the activations are packed for {t:?}");
+        // Where the mat-vec takes rows four at a time, so do these, reducing as it does: each token gets
+        // bit for bit what its own mat-vec gives (speculative decoding's drafts are checked on these).
+        let fours = !one_row_at_a_time(tier, t, row_bytes);
         for r in rows.clone().step_by(4) {
             let count = (rows.end - r).min(4);
             let mut c = 0;
@@ -383,16 +386,29 @@ unsafe fn rows_tokens_into(
                 let (row, yc) = (w.as_ptr().add(r * row_bytes), y.add(c * n + r));
                 macro_rules! run {
                     ($c:literal) => {{
-                        let f = match code(t) {
-                            Q4_0 => avx512::rows_run::<Q4_0, $c>,
-                            Q4_1 => avx512::rows_run::<Q4_1, $c>,
-                            Q5_0 => avx512::rows_run::<Q5_0, $c>,
-                            Q8_0 => avx512::rows_run::<Q8_0, $c>,
-                            Q4K => avx512::rows_run::<Q4K, $c>,
-                            Q5K => avx512::rows_run::<Q5K, $c>,
-                            _ => avx512::rows_run::<Q6K, $c>,
-                        };
-                        f(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
+                        if fours && count == 4 {
+                            let f = match code(t) {
+                                Q4_0 => avx512::rows4_tokens::<Q4_0, $c>,
+                                Q4_1 => avx512::rows4_tokens::<Q4_1, $c>,
+                                Q5_0 => avx512::rows4_tokens::<Q5_0, $c>,
+                                Q8_0 => avx512::rows4_tokens::<Q8_0, $c>,
+                                Q4K => avx512::rows4_tokens::<Q4K, $c>,
+                                Q5K => avx512::rows4_tokens::<Q5K, $c>,
+                                _ => avx512::rows4_tokens::<Q6K, $c>,
+                            };
+                            f(row, row_bytes, xp, xs, xstride, blocks, yc, n);
+                        } else {
+                            let f = match code(t) {
+                                Q4_0 => avx512::rows_run::<Q4_0, $c>,
+                                Q4_1 => avx512::rows_run::<Q4_1, $c>,
+                                Q5_0 => avx512::rows_run::<Q5_0, $c>,
+                                Q8_0 => avx512::rows_run::<Q8_0, $c>,
+                                Q4K => avx512::rows_run::<Q4K, $c>,
+                                Q5K => avx512::rows_run::<Q5K, $c>,
+                                _ => avx512::rows_run::<Q6K, $c>,
+                            };
+                            f(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
+                        }
                         c += $c;
                     }};
                 }

@@ -385,6 +385,35 @@ pub(super) unsafe fn rows_dot_k<const T: u8, const R: usize>(
     sums(&rows_dot_k_impl::<T, R, 1>(w, stride, x, 0, supers)).map(|r| r[0])
 }
 
+/// Four rows of type `T` (`stride` bytes apart) with `C` tokens' activations (as [`rows_run`] takes them):
+/// `y[c·ystride + r]`, each token's four sums reduced as [`rows_dot`] and [`rows_dot_k`] reduce them, so a
+/// token's results are bit for bit those of its own mat-vec where that takes rows four at a time.
+///
+/// # Safety
+/// As [`rows_run`], for four rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn rows4_tokens<const T: u8, const C: usize>(
+    w: *const u8,
+    stride: usize,
+    xp: *const XPair,
+    xs: *const XSuper,
+    xstride: usize,
+    blocks: usize,
+    y: *mut f32,
+    ystride: usize,
+) {
+    let s = match T {
+        Q4K | Q5K | Q6K => sums(&rows_dot_k_impl::<T, 4, C>(w, stride, xs, xstride, blocks / 8)),
+        _ => sums(&rows_dot_impl::<T, 4, C>(w, stride, xp, xstride, blocks)),
+    };
+    for (r, row) in s.iter().enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            *y.add(c * ystride + r) = v;
+        }
+    }
+}
+
 /// Dot products of `rows` consecutive rows of type `T` (`row_bytes` apart, `blocks` 32-element blocks each)
 /// with `C` tokens' activations (packed [`XPair`]s for the 32-element types, [`XSuper`]s for the K-quants,
 /// `xstride` apart): `y[c·ystride + r]`. One row at a time, a sequential stream, each unpacked block serving
