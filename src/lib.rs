@@ -56,6 +56,8 @@ pub mod eval;
 pub mod gguf;
 pub mod limits;
 pub mod model;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod text;
 pub mod tools;
 

@@ -17,7 +17,7 @@ const LAYERS: &[&[&str]] = &[
     &["decode"],
     &["tools"],
     &["agent"],
-    &["eval", "bench"],
+    &["eval", "bench", "serve"],
     &["cli"],
 ];
 

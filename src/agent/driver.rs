@@ -178,6 +178,17 @@ impl ModelDriver {
         &self.model
     }
 
+    /// The model, to generate with directly; [`Driver::forget`] afterwards, since the KV cache no longer
+    /// holds what the driver last put there.
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
+
+    /// The grammar engine of a constrained driver.
+    pub fn engine(&self) -> Option<&Arc<GrammarEngine>> {
+        self.engine.as_ref()
+    }
+
     /// The tokens of the last prompt (for inspection and tests).
     pub fn last_prompt(&self) -> &[u32] {
         &self.cached[..self.prompt_len.min(self.cached.len())]

@@ -32,11 +32,42 @@ pub(crate) enum Cmd {
     Run(RunArgs),
     /// Run a JSONL task file and score the tool calls.
     Eval(EvalArgs),
+    /// Serve the model over the OpenAI chat-completions API (tool calls made under the grammar).
+    Serve(ServeArgs),
     /// List or clear the prompt cache (saved KV of system prompts, loaded by later runs).
     Cache {
         #[command(subcommand)]
         cmd: CacheCmd,
     },
+}
+
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) model: ModelArgs,
+    /// The address to listen on; other than loopback it needs --api-key or --insecure-no-auth.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub(crate) port: u16,
+    /// Requests must send `Authorization: Bearer KEY`.
+    #[arg(long, env = "REAGENT_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+    /// Listen on a non-loopback address without an API key.
+    #[arg(long)]
+    pub(crate) insecure_no_auth: bool,
+    /// Requests that may wait for the model; more are answered 429.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) queue: usize,
+    /// Largest request body, in MiB.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) max_body_mib: usize,
+    /// Most tools one request may carry.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) max_tools: usize,
+    /// Make tool calls with the single-decision settings (BFCL-shaped requests) instead of a run's.
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) single_decision: bool,
 }
 
 #[derive(Subcommand)]

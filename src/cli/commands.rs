@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use reagent::catalog::{self, Catalog, FetchOptions};
 use reagent::{ChatMessage, GenerateParams, Grammar, GrammarEngine, LanguageModel, Sampling};
 
-use super::args::{BenchArgs, GenerateArgs, ModelsCmd, TokenizeArgs};
+use super::args::{BenchArgs, GenerateArgs, ModelsCmd, ServeArgs, TokenizeArgs};
 use super::{display, load};
 
 /// `reagent tokenize`: the token ids of a text as a JSON array.
@@ -72,6 +72,36 @@ pub(super) fn bench(a: BenchArgs, threads: usize) -> Result<()> {
             false => display::bench(&r)?,
         }
     }
+    Ok(())
+}
+
+/// `reagent serve`: the OpenAI-compatible server until Ctrl-C.
+pub(super) fn serve(a: ServeArgs) -> Result<()> {
+    use reagent::serve::{Limits, ServeOptions, Server};
+    let model = load(&a.model)?;
+    let name = match &a.model.model {
+        Some(m) if !m.ends_with(".gguf") => m.clone(),
+        _ => model.catalog_entry().map(|e| e.name.clone()).unwrap_or_else(|| {
+            let p = &model.info().path;
+            p.file_stem().map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned())
+        }),
+    };
+    let driver = reagent::agent::ModelDriver::constrained(model, reagent::Sampling::Greedy, 0)?;
+    let limits = Limits::default().max_body_bytes(a.max_body_mib << 20).max_tools(a.max_tools);
+    let profile =
+        if a.single_decision { reagent::catalog::Profile::SingleDecision } else { reagent::catalog::Profile::Run };
+    let opts = ServeOptions::default()
+        .host(a.host)
+        .port(a.port)
+        .api_key(a.api_key)
+        .insecure_no_auth(a.insecure_no_auth)
+        .queue(a.queue)
+        .limits(limits)
+        .profile(profile)
+        .model_name(name.clone());
+    let server = Server::start(driver, opts)?;
+    eprintln!("serving {name} on http://{}/v1 (Ctrl-C stops)", server.addr());
+    super::stop_on_signals().scope(|| server.wait());
     Ok(())
 }
 

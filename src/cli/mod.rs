@@ -76,6 +76,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Generate(a) => return commands::generate(a),
         Cmd::Bench(a) => commands::bench(a, threads)?,
         Cmd::Cache { cmd } => commands::cache(cmd)?,
+        Cmd::Serve(a) => commands::serve(a)?,
         Cmd::Run(a) => return stop_on_signals().scope(|| agent::run_agent(a)),
         Cmd::Eval(a) => {
             let cancel = stop_on_signals();

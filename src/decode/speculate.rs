@@ -14,8 +14,8 @@ use serde::Serialize;
 pub const FIRST_DRAFT: usize = 3;
 
 /// The longest and shortest run of last tokens looked up in the context.
-const MAX_NGRAM: usize = 4;
-const MIN_NGRAM: usize = 3;
+pub const MAX_NGRAM: usize = 4;
+pub const MIN_NGRAM: usize = 3;
 
 /// The tokens that followed the latest earlier occurrence of the context's last `n` tokens (`n` from
 /// [`MAX_NGRAM`] down to [`MIN_NGRAM`], the longest match first), at most `max` of them; empty when

@@ -1,0 +1,284 @@
+//! The HTTP side: routes, authentication, the body limit, the queue, and the API's response and
+//! streaming shapes.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::api::{parse_chat, ApiError};
+use super::worker::{since, Completion, Event, Job};
+use super::{Metrics, ServeOptions};
+use crate::limits::Cancel;
+use crate::tools::ToolCall;
+
+pub(super) struct AppState {
+    pub jobs: SyncSender<Job>,
+    pub metrics: Arc<Metrics>,
+    pub opts: ServeOptions,
+}
+
+type Shared = Arc<AppState>;
+
+pub(super) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(Arc::new(state))
+}
+
+fn error(st: &AppState, e: &ApiError) -> Response {
+    st.metrics.responded(e.status);
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(e.body())).into_response()
+}
+
+async fn not_found(State(st): State<Shared>) -> Response {
+    error(&st, &ApiError::new(404, "invalid_request_error", "no such route"))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics(State(st): State<Shared>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.metrics.render()).into_response()
+}
+
+async fn models(State(st): State<Shared>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&st, &headers) {
+        return error(&st, &e);
+    }
+    Json(json!({"object": "list", "data": [
+        {"id": st.opts.model_name, "object": "model", "created": 0, "owned_by": "reagent"}
+    ]}))
+    .into_response()
+}
+
+fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &st.opts.api_key else { return Ok(()) };
+    let given =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if g == key => Ok(()),
+        _ => Err(ApiError::new(401, "invalid_request_error", "a valid API key is required (Authorization: Bearer …)")),
+    }
+}
+
+/// Cancels the request's generation when dropped: the handler's future or the response stream went away
+/// with the client.
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    if let Err(e) = authorize(&st, &headers) {
+        return error(&st, &e);
+    }
+    let limit = st.opts.limits.max_body_bytes;
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => return error(&st, &ApiError::bad("body", format!("the body is over {limit} bytes or was cut off"))),
+    };
+    let req = match parse_chat(&bytes, &st.opts.limits) {
+        Ok(r) => r,
+        Err(e) => return error(&st, &e),
+    };
+    let stream = req.stream;
+    let include_usage = req.include_usage;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let cancel = Cancel::new();
+    let guard = CancelOnDrop(cancel.clone());
+    match st.jobs.try_send(Job { req, events: tx, cancel }) {
+        Ok(()) => st.metrics.queued(),
+        Err(TrySendError::Full(_)) => {
+            st.metrics.responded(429);
+            let e = ApiError::new(429, "rate_limit_error", "the server is busy: too many requests are waiting");
+            return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "1")], Json(e.body())).into_response();
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            return error(&st, &ApiError::new(503, "server_error", "the model is no longer running"))
+        }
+    }
+    let meta = Meta {
+        id: format!("chatcmpl-{:016x}", rand::random::<u64>()),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        model: st.opts.model_name.clone(),
+        started: Instant::now(),
+    };
+    match stream {
+        true => streamed(st, rx, meta, include_usage, guard),
+        false => whole(st, rx, meta, guard).await,
+    }
+}
+
+/// What every response of a request repeats.
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    started: Instant,
+}
+
+impl Meta {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+               "system_fingerprint": null,
+               "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+    }
+}
+
+fn usage(c: &Completion) -> Value {
+    json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
+           "total_tokens": c.prompt_tokens + c.completion_tokens})
+}
+
+fn tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut v = json!({"id": format!("call_{:012x}", rand::random::<u64>() >> 16), "type": "function",
+                               "function": {"name": c.tool, "arguments": c.args.to_string()}});
+            if with_index {
+                v["index"] = json!(i);
+            }
+            v
+        })
+        .collect()
+}
+
+async fn whole(st: Shared, mut rx: UnboundedReceiver<Event>, meta: Meta, _guard: CancelOnDrop) -> Response {
+    loop {
+        match rx.recv().await {
+            Some(Event::Delta(_)) => continue,
+            Some(Event::Failed(e)) => return error(&st, &e),
+            None => return error(&st, &ApiError::new(500, "server_error", "the model thread stopped")),
+            Some(Event::Done(c)) => {
+                st.metrics.served(since(meta.started), c.prompt_tokens, c.completion_tokens);
+                st.metrics.responded(200);
+                let mut message = json!({"role": "assistant", "content": c.content, "refusal": null});
+                if !c.calls.is_empty() {
+                    message["tool_calls"] = json!(tool_calls(&c.calls, false));
+                }
+                return Json(json!({
+                    "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+                    "system_fingerprint": null,
+                    "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": c.finish_reason}],
+                    "usage": usage(&c),
+                }))
+                .into_response();
+            }
+        }
+    }
+}
+
+/// The stream's state: the worker's events, and SSE events made from one not yet sent.
+struct Streaming {
+    st: Shared,
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    include_usage: bool,
+    pending: VecDeque<String>,
+    /// Content was streamed as it came (a chat generation), rather than with the end (a decision).
+    streamed_text: bool,
+    done: bool,
+    _guard: CancelOnDrop,
+}
+
+impl Streaming {
+    /// The SSE data of one worker event.
+    fn on(&mut self, e: Option<Event>) {
+        match e {
+            Some(Event::Delta(text)) => {
+                self.streamed_text = true;
+                self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
+            }
+            Some(Event::Done(c)) => {
+                self.st.metrics.served(since(self.meta.started), c.prompt_tokens, c.completion_tokens);
+                self.st.metrics.responded(200);
+                if let (false, Some(text)) = (self.streamed_text, &c.content) {
+                    self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
+                }
+                if !c.calls.is_empty() {
+                    let delta = json!({"tool_calls": tool_calls(&c.calls, true)});
+                    self.pending.push_back(self.meta.chunk(delta, None).to_string());
+                }
+                self.pending.push_back(self.meta.chunk(json!({}), Some(c.finish_reason)).to_string());
+                if self.include_usage {
+                    let mut u = self.meta.chunk(json!({}), None);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage(&c);
+                    self.pending.push_back(u.to_string());
+                }
+                self.end();
+            }
+            Some(Event::Failed(e)) => {
+                self.st.metrics.responded(e.status);
+                self.pending.push_back(e.body().to_string());
+                self.end();
+            }
+            None => {
+                self.pending
+                    .push_back(ApiError::new(500, "server_error", "the model thread stopped").body().to_string());
+                self.end();
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        self.pending.push_back("[DONE]".into());
+        self.done = true;
+    }
+}
+
+fn streamed(
+    st: Shared,
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    include_usage: bool,
+    guard: CancelOnDrop,
+) -> Response {
+    let first = meta.chunk(json!({"role": "assistant", "content": ""}), None).to_string();
+    let state = Streaming {
+        st,
+        rx,
+        meta,
+        include_usage,
+        pending: VecDeque::from([first]),
+        streamed_text: false,
+        done: false,
+        _guard: guard,
+    };
+    let events = futures_util::stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(data) = s.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(SseEvent::default().data(data)), s));
+            }
+            if s.done {
+                return None;
+            }
+            let e = s.rx.recv().await;
+            s.on(e);
+        }
+    });
+    Sse::new(events).into_response()
+}

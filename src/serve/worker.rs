@@ -1,0 +1,355 @@
+//! The one thread that owns the model: requests arrive in a bounded queue and are served one at a time.
+//! A request with tools is one agent decision (the same grammar, calibration and retries as `reagent
+//! run`), with the conversation's earlier calls and results replayed as recorded steps; a request
+//! without them is a chat generation, optionally under a JSON response format.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::api::{ApiError, ChatRequest, Choice, Format, Message};
+use super::Metrics;
+use crate::agent::decision::{DecisionFormat, ToolChoice};
+use crate::agent::driver::{DecisionRequest, Driver, DriverOutput, ModelDriver};
+use crate::agent::Decision;
+use crate::agent::{native, Agent, AgentConfig, RecordedStep};
+use crate::catalog::Profile;
+use crate::decode::constraint::Grammar;
+use crate::decode::generate::{generate, FinishReason, GenerateParams, Request};
+use crate::decode::sampler::Sampling;
+use crate::limits::Cancel;
+use crate::model::LanguageModel;
+use crate::text::chat::{ChatMessage, Role};
+use crate::tools::{CallOutcome, FnTool, Tool, ToolCall, ToolError};
+
+/// What the worker sends back for a request.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// Text of the answer, as soon as it is final (chat generations).
+    Delta(String),
+    Done(Completion),
+    Failed(ApiError),
+}
+
+/// A finished request.
+#[derive(Debug, Clone)]
+pub(crate) struct Completion {
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
+    /// `stop`, `length` or `tool_calls`.
+    pub finish_reason: &'static str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// One queued request.
+pub(crate) struct Job {
+    pub req: ChatRequest,
+    pub events: UnboundedSender<Event>,
+    /// Cancelled when the client goes away.
+    pub cancel: Cancel,
+}
+
+/// The longest answer of a chat request that sets no `max_tokens`.
+const DEFAULT_MAX_TOKENS: usize = 2048;
+
+pub(crate) struct Worker {
+    driver: Arc<Mutex<ModelDriver>>,
+    profile: Profile,
+    /// The tokens the KV cache holds after the last chat generation (its prefix is reused by the next).
+    chat_cached: Vec<u32>,
+    /// The last request was a decision: the driver's cache, not `chat_cached`, describes the KV cache.
+    after_decision: bool,
+    metrics: Arc<Metrics>,
+}
+
+type Res<T> = std::result::Result<T, ApiError>;
+
+fn server_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(500, "server_error", crate::error::one_line(&e.to_string()))
+}
+
+impl Worker {
+    pub(crate) fn new(driver: ModelDriver, profile: Profile, metrics: Arc<Metrics>) -> Self {
+        Self { driver: Arc::new(Mutex::new(driver)), profile, chat_cached: Vec::new(), after_decision: false, metrics }
+    }
+
+    /// Serves jobs until the queue closes.
+    pub(crate) fn run(mut self, jobs: std::sync::mpsc::Receiver<Job>) {
+        for job in jobs {
+            self.metrics.dequeued();
+            if job.events.is_closed() {
+                continue; // the client left while queued
+            }
+            let out = job.cancel.scope(|| {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve(&job)))
+                    .unwrap_or_else(|_| Err(ApiError::new(500, "server_error", "the request's generation panicked")))
+            });
+            if out.is_err() {
+                // A failure may leave the KV cache anywhere: the next request starts from nothing.
+                self.reset();
+            }
+            let _ = job.events.send(match out {
+                Ok(c) => Event::Done(c),
+                Err(e) => Event::Failed(e),
+            });
+        }
+    }
+
+    fn reset(&mut self) {
+        lock(&self.driver).forget();
+        self.chat_cached.clear();
+    }
+
+    fn serve(&mut self, job: &Job) -> Res<Completion> {
+        let req = &job.req;
+        match req.tools.is_empty() || req.choice == Choice::None {
+            true => self.chat(req, &job.events, &job.cancel),
+            false => self.decide(req),
+        }
+    }
+
+    /// A chat generation, streamed, under the response format's grammar if any.
+    fn chat(&mut self, req: &ChatRequest, events: &UnboundedSender<Event>, cancel: &Cancel) -> Res<Completion> {
+        let mut driver = lock(&self.driver);
+        if std::mem::take(&mut self.after_decision) {
+            driver.forget();
+            self.chat_cached.clear();
+        }
+        let engine = driver.engine().cloned();
+        let model = driver.model_mut();
+        let tok = model.tokenizer().clone();
+        let messages = flatten(&req.messages);
+        let prompt = model.chat_template().render_tokens(&tok, &messages, true, None).map_err(server_error)?;
+        let capacity = model.context_length();
+        if prompt.len() >= capacity {
+            return Err(ApiError::bad(
+                "messages",
+                format!("the conversation takes {} tokens; the model's context holds {capacity}", prompt.len()),
+            ));
+        }
+        let room = capacity - prompt.len();
+        let max_tokens = req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS).min(room);
+        let grammar = match &req.format {
+            Format::Text => None,
+            Format::JsonObject => Some(Grammar::JsonSchema(json!({"type": "object"}))),
+            Format::JsonSchema(s) => Some(Grammar::JsonSchema(s.clone())),
+        };
+        let mut constraint = match (&grammar, &engine) {
+            (Some(g), Some(e)) => Some(e.constraint(g).map_err(|e| {
+                ApiError::bad("response_format.json_schema.schema", crate::error::one_line(&e.to_string()))
+            })?),
+            _ => None,
+        };
+        let sampling = Sampling::from_params(req.temperature, None, req.top_p)
+            .map_err(|e| ApiError::bad("temperature", e.to_string()))?;
+        let params = GenerateParams::default()
+            .max_tokens(max_tokens)
+            .sampling(sampling)
+            .seed(req.seed.unwrap_or(0))
+            .stop_strings(req.stop.clone());
+        let cached = self.chat_cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count().min(model.cache_len());
+        self.chat_cached.clear();
+        let stops = model.stop_tokens().to_vec();
+        let request = Request::new(&prompt).cached(cached).stop_tokens(&stops).constraint(constraint.as_mut());
+        let g = generate(model, &tok, request, &params, &mut |text| {
+            if events.send(Event::Delta(text.to_string())).is_err() {
+                cancel.cancel();
+            }
+        })
+        .map_err(server_error)?;
+        let in_cache = model.cache_len();
+        self.chat_cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
+        let finish_reason = match g.stop {
+            FinishReason::MaxTokens | FinishReason::ContextFull => "length",
+            _ => "stop",
+        };
+        Ok(Completion {
+            content: Some(g.text),
+            calls: Vec::new(),
+            finish_reason,
+            prompt_tokens: prompt.len(),
+            completion_tokens: g.tokens.len(),
+        })
+    }
+
+    /// One agent decision over the request's tools (never run here: the client runs them).
+    fn decide(&mut self, req: &ChatRequest) -> Res<Completion> {
+        if !self.after_decision {
+            self.reset();
+            self.after_decision = true;
+        }
+        let shared = Shared(self.driver.clone());
+        let entry = shared.catalog_entry();
+        let mut config =
+            AgentConfig::for_model(entry.as_ref(), self.profile, shared.supports_native()).map_err(server_error)?;
+        config.tool_choice = match &req.choice {
+            Choice::Auto => ToolChoice::Auto,
+            Choice::None => ToolChoice::None,
+            Choice::Required => ToolChoice::Required,
+            Choice::Function(name) => ToolChoice::Specific(name.clone()),
+        };
+        // The client runs the calls and decides about them; nothing here has side effects to hold.
+        config.hold_untrusted_calls = false;
+        if !req.parallel_tool_calls {
+            config.decision.parallel_calls = None;
+        }
+        let stubs: Vec<Arc<dyn Tool>> = req
+            .tools
+            .iter()
+            .map(|s| Arc::new(FnTool::new(s.clone(), |_| Err(ToolError("run by the client".into())))) as Arc<dyn Tool>)
+            .collect();
+        let format = config.format;
+        let (conversation, recorded) = history(&req.messages, format)?;
+        config.max_steps = recorded.len() + 1;
+        let replayed = recorded.len();
+        let mut agent = Agent::builder()
+            .boxed_driver(Box::new(shared))
+            .tools(stubs)
+            .config(config)
+            .build()
+            .map_err(|e| ApiError::bad("tools", crate::error::one_line(&e.to_string())))?;
+        let t = agent.resume(&conversation, recorded).map_err(server_error)?;
+        let Some(step) = t.steps.get(replayed) else {
+            return Err(ApiError::new(500, "server_error", format!("no decision was made: {}", t.stop_reason)));
+        };
+        let (content, calls, finish_reason) = match &step.decision {
+            Decision::FinalAnswer { answer, .. } => (Some(answer.clone()), Vec::new(), "stop"),
+            d => (None, d.calls(), "tool_calls"),
+        };
+        Ok(Completion {
+            content,
+            calls,
+            finish_reason,
+            prompt_tokens: step.stats.prompt_tokens,
+            completion_tokens: step.stats.generated_tokens,
+        })
+    }
+}
+
+fn lock(d: &Mutex<ModelDriver>) -> MutexGuard<'_, ModelDriver> {
+    d.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The conversation as chat messages for a generation without tools: calls written out as JSON.
+fn flatten(messages: &[Message]) -> Vec<ChatMessage> {
+    messages
+        .iter()
+        .map(|m| match m {
+            Message::System(s) => ChatMessage::system(s.clone()),
+            Message::User(s) => ChatMessage::user(s.clone()),
+            Message::Assistant { content, calls } => {
+                let mut text = content.clone().unwrap_or_default();
+                for (_, c) in calls {
+                    text.push_str(&json!({"name": c.tool, "arguments": c.args}).to_string());
+                }
+                ChatMessage::assistant(text)
+            }
+            Message::Tool { content, .. } => ChatMessage::new(Role::Tool, content.clone()),
+        })
+        .collect()
+}
+
+/// The conversation up to the last user message, and what follows it (the assistant's calls and their
+/// results) as recorded steps, written as the agent writes its own decisions in `format`.
+fn history(messages: &[Message], format: DecisionFormat) -> Res<(Vec<ChatMessage>, Vec<RecordedStep>)> {
+    let last_user = messages.iter().rposition(|m| matches!(m, Message::User(_))).expect("checked: a user message");
+    let conversation = flatten(&messages[..=last_user]);
+    let mut steps = Vec::new();
+    let mut i = last_user + 1;
+    while i < messages.len() {
+        let Message::Assistant { calls, .. } = &messages[i] else {
+            return Err(ApiError::bad(
+                format!("messages[{i}]"),
+                "after the last user message only assistant tool calls and their tool results may follow",
+            ));
+        };
+        if calls.is_empty() {
+            return Err(ApiError::bad(format!("messages[{i}]"), "an assistant answer after the last user message"));
+        }
+        let mut results: Vec<Option<String>> = vec![None; calls.len()];
+        i += 1;
+        while let Some(Message::Tool { call_id, content }) = messages.get(i) {
+            let k = calls.iter().position(|(id, _)| id == call_id).ok_or_else(|| {
+                ApiError::bad(
+                    format!("messages[{i}].tool_call_id"),
+                    format!("`{call_id}` is no call of the message before"),
+                )
+            })?;
+            results[k] = Some(content.clone());
+            i += 1;
+        }
+        let plain: Vec<ToolCall> = calls.iter().map(|(_, c)| c.clone()).collect();
+        let text = match format {
+            DecisionFormat::Native => native::render_calls(&plain),
+            _ => match plain.as_slice() {
+                [c] => json!({"thought": "", "type": "call_tool", "tool": c.tool, "args": c.args}).to_string(),
+                _ => json!({"thought": "", "type": "call_tools", "calls": plain}).to_string(),
+            },
+        };
+        let started = plain
+            .iter()
+            .cloned()
+            .zip(results)
+            .map(|(c, r)| {
+                let outcome = match r {
+                    Some(output) => CallOutcome::Ok { output },
+                    None => CallOutcome::Error { message: "no result was given for this call".into() },
+                };
+                (c, Some(outcome))
+            })
+            .collect();
+        steps.push(RecordedStep { decision: Decision::from_calls(String::new(), plain), text, record: None, started });
+    }
+    Ok((conversation, steps))
+}
+
+/// The worker's driver lent to one request's agent (which owns its driver).
+struct Shared(Arc<Mutex<ModelDriver>>);
+
+impl Driver for Shared {
+    fn name(&self) -> &'static str {
+        lock(&self.0).name()
+    }
+    fn decide(&mut self, req: &DecisionRequest<'_>) -> crate::error::Result<DriverOutput> {
+        lock(&self.0).decide(req)
+    }
+    fn extend(&mut self, req: &DecisionRequest<'_>) -> crate::error::Result<Option<DriverOutput>> {
+        lock(&self.0).extend(req)
+    }
+    fn rollback(&mut self) {
+        lock(&self.0).rollback()
+    }
+    fn observation_role(&self) -> Role {
+        lock(&self.0).observation_role()
+    }
+    fn measure(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+    ) -> crate::error::Result<Option<(usize, usize)>> {
+        lock(&self.0).measure(messages, tools)
+    }
+    fn supports_native(&self) -> bool {
+        lock(&self.0).supports_native()
+    }
+    fn prompt_bound(&mut self, bytes: usize) -> Option<(usize, usize)> {
+        lock(&self.0).prompt_bound(bytes)
+    }
+    fn forget(&mut self) {
+        lock(&self.0).forget()
+    }
+    fn check_grammar(&self, grammar: &Grammar) -> crate::error::Result<()> {
+        lock(&self.0).check_grammar(grammar)
+    }
+    fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
+        lock(&self.0).catalog_entry()
+    }
+}
+
+/// Seconds since `t`, for the metrics.
+pub(crate) fn since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64()
+}

@@ -1,0 +1,245 @@
+//! `reagent serve` over HTTP on a free loopback port, driven at the byte level: the API's shapes (plain
+//! chat, streaming, tool calls under each `tool_choice`, JSON response formats), tool calls that validate
+//! against their schemas, 400s naming the field for malformed requests (and the server serving on after
+//! them), authentication.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::tiny_long_path;
+use reagent::agent::ModelDriver;
+use reagent::model::Arch;
+use reagent::serve::{ServeOptions, Server};
+use reagent::{LoadOptions, Model, Sampling};
+use serde_json::{json, Value};
+
+fn server(opts: ServeOptions) -> Server {
+    let model = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+    let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
+    Server::start(driver, opts.host("127.0.0.1".into()).port(0)).unwrap()
+}
+
+/// One HTTP/1.1 exchange: the status and the body (de-chunked).
+fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8], headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // A body past the limit is refused before it is all read: the rest may not be taken.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no response: {text:?}"));
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    (status, if chunked { dechunk(rest) } else { rest.to_string() })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = &rest[n + 2..];
+    }
+    out
+}
+
+fn post(addr: SocketAddr, body: &Value) -> (u16, Value) {
+    let (status, text) = http(addr, "POST", "/v1/chat/completions", body.to_string().as_bytes(), &[]);
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                "unit": {"enum": ["C", "F"]}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "forecast", "description": "Weather in the next days",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"]}}}
+    ])
+}
+
+/// Each returned call names a given tool and its arguments validate against that tool's schema.
+fn check_calls(message: &Value, tools: &Value) -> Vec<String> {
+    let calls = message["tool_calls"].as_array().unwrap_or_else(|| panic!("no tool_calls: {message}"));
+    assert!(!calls.is_empty());
+    calls
+        .iter()
+        .map(|c| {
+            assert_eq!(c["type"], "function");
+            assert!(c["id"].as_str().is_some_and(|id| !id.is_empty()));
+            let name = c["function"]["name"].as_str().unwrap();
+            let tool = tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name);
+            let schema = &tool.unwrap_or_else(|| panic!("`{name}` is no given tool"))["function"]["parameters"];
+            let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+            let v = jsonschema::validator_for(schema).unwrap();
+            assert!(v.is_valid(&args), "{name} {args} breaks {schema}");
+            name.to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn chat_tools_and_json_answers_come_in_the_apis_shapes() {
+    let s = server(ServeOptions::default());
+    let a = s.addr();
+    assert_eq!(http(a, "GET", "/health", b"", &[]).0, 200);
+    let (status, models) = http(a, "GET", "/v1/models", b"", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&models).unwrap()["object"], "list");
+
+    let user = json!([{"role": "user", "content": "hello world"}]);
+    let (status, r) = post(a, &json!({"model": "m", "messages": user, "max_tokens": 12, "temperature": 0}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "chat.completion");
+    let content = r["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(["stop", "length"].contains(&r["choices"][0]["finish_reason"].as_str().unwrap()));
+    assert_eq!(
+        r["usage"]["total_tokens"],
+        r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+
+    // The same request streamed: chunks whose text adds up to the same answer, then [DONE].
+    let body = json!({"messages": user, "max_tokens": 12, "temperature": 0, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let (status, sse) = http(a, "POST", "/v1/chat/completions", body.to_string().as_bytes(), &[]);
+    assert_eq!(status, 200);
+    let data: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{sse}");
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    assert_eq!(streamed, content);
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().is_some(), "include_usage");
+
+    // Tools under each tool_choice that calls: every call validates.
+    let tools = weather_tools();
+    let weather = json!([{"role": "user", "content": "weather in Paris for 3 days"}]);
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "forecast"}})] {
+        let (status, r) = post(a, &json!({"messages": weather, "tools": tools, "tool_choice": choice}));
+        assert_eq!(status, 200, "{r}");
+        assert_eq!(r["choices"][0]["finish_reason"], "tool_calls");
+        let names = check_calls(&r["choices"][0]["message"], &tools);
+        if choice.is_object() {
+            assert!(names.iter().all(|n| n == "forecast"), "{names:?}");
+        }
+    }
+    // auto: a call (validating) or an answer.
+    let (status, r) = post(a, &json!({"messages": weather, "tools": tools}));
+    assert_eq!(status, 200, "{r}");
+    match r["choices"][0]["finish_reason"].as_str().unwrap() {
+        "tool_calls" => drop(check_calls(&r["choices"][0]["message"], &tools)),
+        _ => assert!(r["choices"][0]["message"]["content"].is_string()),
+    }
+    // none: an answer, no calls.
+    let (status, r) = post(a, &json!({"messages": weather, "tools": tools, "tool_choice": "none", "max_tokens": 8}));
+    assert_eq!(status, 200, "{r}");
+    assert!(r["choices"][0]["message"].get("tool_calls").is_none());
+    // The call's result sent back: the next decision goes on from it.
+    let turn = json!([
+        {"role": "user", "content": "weather in Paris"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
+    ]);
+    let (status, r) = post(a, &json!({"messages": turn, "tools": tools}));
+    assert_eq!(status, 200, "{r}");
+    // A streamed decision: the call in one delta with its index.
+    let body = json!({"messages": weather, "tools": tools, "tool_choice": "required", "stream": true});
+    let (_, sse) = http(a, "POST", "/v1/chat/completions", body.to_string().as_bytes(), &[]);
+    let calls: Vec<Value> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert!(!calls.is_empty() && calls[0]["index"] == 0, "{sse}");
+    check_calls(&json!({"tool_calls": calls}), &tools);
+
+    // A JSON schema response format: the answer parses and validates.
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}},
+                        "required": ["city", "n"], "additionalProperties": false});
+    let body = json!({"messages": user, "max_tokens": 200,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "c", "strict": true, "schema": schema}}});
+    let (status, r) = post(a, &body);
+    assert_eq!(status, 200, "{r}");
+    let answer: Value = serde_json::from_str(r["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(jsonschema::validator_for(&schema).unwrap().is_valid(&answer), "{answer}");
+
+    let (_, metrics) = http(a, "GET", "/metrics", b"", &[]);
+    assert!(metrics.contains("reagent_responses_total{status=\"200\"}"), "{metrics}");
+}
+
+#[test]
+fn malformed_requests_get_400_naming_the_field_and_the_server_serves_on() {
+    let s = server(ServeOptions::default());
+    let a = s.addr();
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let many: Vec<Value> =
+        (0..5000).map(|i| json!({"type": "function", "function": {"name": format!("t{i}")}})).collect();
+    let bad_schema = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"x": {"type": "no-such-type"}}}}}]);
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"{not json".to_vec(), "body"),
+        (b"[1, 2]".to_vec(), "body"),
+        (json!({}).to_string().into_bytes(), "messages"),
+        (json!({"messages": "hi"}).to_string().into_bytes(), "messages"),
+        (json!({"messages": [{"role": "robot", "content": "x"}]}).to_string().into_bytes(), "messages[0].role"),
+        (json!({"messages": user, "temperature": "warm"}).to_string().into_bytes(), "temperature"),
+        (json!({"messages": user, "max_tokens": -3}).to_string().into_bytes(), "max_tokens"),
+        (json!({"messages": user, "stream": "yes"}).to_string().into_bytes(), "stream"),
+        (json!({"messages": user, "tools": many}).to_string().into_bytes(), "tools"),
+        (json!({"messages": user, "tools": bad_schema}).to_string().into_bytes(), "tools[0].function"),
+        (json!({"messages": user, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": weather_tools()})
+            .to_string()
+            .into_bytes(), "tool_choice"),
+        (vec![b' '; 10 << 20], "body"),
+    ];
+    for (body, param) in &cases {
+        let (status, text) = http(a, "POST", "/v1/chat/completions", body, &[]);
+        assert_eq!(status, 400, "{param}: {text}");
+        let e: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(e["error"]["param"], *param, "{text}");
+        assert_eq!(e["error"]["type"], "invalid_request_error");
+    }
+    let (status, r) = post(a, &json!({"messages": user, "max_tokens": 4}));
+    assert_eq!(status, 200, "{r}");
+}
+
+#[test]
+fn an_api_key_is_required_when_set_and_other_hosts_need_one() {
+    let s = server(ServeOptions::default().api_key(Some("sesame".into())));
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let (status, _) = http(s.addr(), "POST", "/v1/chat/completions", body.as_bytes(), &[]);
+    assert_eq!(status, 401);
+    let (status, _) =
+        http(s.addr(), "POST", "/v1/chat/completions", body.as_bytes(), &[("Authorization", "Bearer nope")]);
+    assert_eq!(status, 401);
+    let (status, _) =
+        http(s.addr(), "POST", "/v1/chat/completions", body.as_bytes(), &[("Authorization", "Bearer sesame")]);
+    assert_eq!(status, 200);
+
+    let model = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+    let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
+    let open = Server::start(driver, ServeOptions::default().host("0.0.0.0".into()).port(0));
+    assert!(open.is_err_and(|e| e.to_string().contains("--api-key")));
+}
