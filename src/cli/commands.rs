@@ -98,7 +98,8 @@ pub(super) fn serve(a: ServeArgs) -> Result<()> {
         .queue(a.queue)
         .limits(limits)
         .profile(profile)
-        .model_name(name.clone());
+        .model_name(name.clone())
+        .parallel_calls(a.parallel_calls);
     let server = Server::start(driver, opts)?;
     eprintln!("serving {name} on http://{}/v1 (Ctrl-C stops)", server.addr());
     super::stop_on_signals().scope(|| server.wait());

@@ -94,9 +94,9 @@ async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Respo
         return error(&st, &e);
     }
     let limit = st.opts.limits.max_body_bytes;
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let bytes = match read_body(body, limit).await {
         Ok(b) => b,
-        Err(_) => return error(&st, &ApiError::bad("body", format!("the body is over {limit} bytes or was cut off"))),
+        Err(e) => return error(&st, &e),
     };
     let req = match parse_chat(&bytes, &st.opts.limits) {
         Ok(r) => r,
@@ -127,6 +127,30 @@ async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Respo
     match stream {
         true => streamed(st, rx, meta, include_usage, guard),
         false => whole(st, rx, meta, guard).await,
+    }
+}
+
+/// A body past this many bytes is not even read to its end: the connection is dropped.
+const DRAIN_CAP: usize = 64 << 20;
+
+/// The body, at most `limit` bytes. A longer one is read on (and dropped) up to [`DRAIN_CAP`] so that the
+/// client, still sending, gets its 400 rather than a reset connection.
+async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let (mut bytes, mut total) = (Vec::new(), 0usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad("body", format!("the body could not be read: {e}")))?;
+        total += chunk.len();
+        if total <= limit {
+            bytes.extend_from_slice(&chunk);
+        } else if total > DRAIN_CAP {
+            break;
+        }
+    }
+    match total <= limit {
+        true => Ok(bytes),
+        false => Err(ApiError::bad("body", format!("the body is over {limit} bytes"))),
     }
 }
 

@@ -39,6 +39,8 @@ pub struct ServeOptions {
     pub profile: Profile,
     /// The model's name in responses and `/v1/models`.
     pub model_name: String,
+    /// Calls one decision may make where a request allows parallel calls (`None`: the catalog's setting).
+    pub parallel_calls: Option<usize>,
 }
 
 impl Default for ServeOptions {
@@ -52,6 +54,7 @@ impl Default for ServeOptions {
             limits: Limits::default(),
             profile: Profile::Run,
             model_name: "reagent".into(),
+            parallel_calls: None,
         }
     }
 }
@@ -65,6 +68,7 @@ setters!(ServeOptions {
     limits: Limits,
     profile: Profile,
     model_name: String,
+    parallel_calls: Option<usize>,
 });
 
 /// Counters for `/metrics`.
@@ -149,7 +153,7 @@ impl Server {
         let addr = listener.local_addr().map_err(|e| Error::param("host", e.to_string()))?;
         let metrics = std::sync::Arc::new(Metrics::default());
         let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
-        let worker = worker::Worker::new(driver, opts.profile, metrics.clone());
+        let worker = worker::Worker::new(driver, opts.profile, opts.parallel_calls, metrics.clone());
         std::thread::Builder::new()
             .name("reagent-model".into())
             .spawn(move || worker.run(queue))

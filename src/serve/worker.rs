@@ -58,6 +58,7 @@ const DEFAULT_MAX_TOKENS: usize = 2048;
 pub(crate) struct Worker {
     driver: Arc<Mutex<ModelDriver>>,
     profile: Profile,
+    parallel_calls: Option<usize>,
     /// The tokens the KV cache holds after the last chat generation (its prefix is reused by the next).
     chat_cached: Vec<u32>,
     /// The last request was a decision: the driver's cache, not `chat_cached`, describes the KV cache.
@@ -72,8 +73,14 @@ fn server_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 impl Worker {
-    pub(crate) fn new(driver: ModelDriver, profile: Profile, metrics: Arc<Metrics>) -> Self {
-        Self { driver: Arc::new(Mutex::new(driver)), profile, chat_cached: Vec::new(), after_decision: false, metrics }
+    pub(crate) fn new(
+        driver: ModelDriver,
+        profile: Profile,
+        parallel_calls: Option<usize>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let driver = Arc::new(Mutex::new(driver));
+        Self { driver, profile, parallel_calls, chat_cached: Vec::new(), after_decision: false, metrics }
     }
 
     /// Serves jobs until the queue closes.
@@ -193,8 +200,10 @@ impl Worker {
         };
         // The client runs the calls and decides about them; nothing here has side effects to hold.
         config.hold_untrusted_calls = false;
-        if !req.parallel_tool_calls {
-            config.decision.parallel_calls = None;
+        match (req.parallel_tool_calls, self.parallel_calls) {
+            (false, _) => config.decision.parallel_calls = None,
+            (true, Some(n)) => config.decision.parallel_calls = Some(n),
+            (true, None) => {}
         }
         let stubs: Vec<Arc<dyn Tool>> = req
             .tools
