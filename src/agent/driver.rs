@@ -114,6 +114,8 @@ pub struct ModelDriver {
     cached: Vec<u32>,
     prompt_len: usize,
     reuse_prefix: bool,
+    /// [`GenerateParams::speculate`] of every generation.
+    speculate: usize,
     /// The native format's branch tokens (a vocabulary scan, done once).
     native_tokens: std::sync::OnceLock<Option<NativeTokens>>,
     /// The tokens that start a ReAct decision's `type`: a call's, an answer's (a vocabulary scan, done once).
@@ -147,6 +149,7 @@ impl ModelDriver {
             cached: Vec::new(),
             prompt_len: 0,
             reuse_prefix: true,
+            speculate: crate::decode::generate::SPECULATE,
             native_tokens: Default::default(),
             react_tokens: Default::default(),
             longest_token: Default::default(),
@@ -170,6 +173,13 @@ impl ModelDriver {
     /// measure what reuse saves).
     pub fn without_prefix_reuse(mut self) -> Self {
         self.reuse_prefix = false;
+        self
+    }
+
+    /// Decode one token at a time, without drafts from the context ([`GenerateParams::speculate`]): the
+    /// same decisions, slower where they copy (to measure what speculation saves).
+    pub fn without_speculation(mut self) -> Self {
+        self.speculate = 0;
         self
     }
 
@@ -358,8 +368,13 @@ impl Driver for ModelDriver {
             (Sampling::Greedy, 1..) => Sampling::Random { temperature: 0.7, top_k: Some(40), top_p: None },
             (s, _) => s,
         };
-        let params =
-            GenerateParams { max_tokens: req.max_tokens, sampling, seed: self.seed, ..GenerateParams::default() };
+        let params = GenerateParams {
+            max_tokens: req.max_tokens,
+            sampling,
+            seed: self.seed,
+            speculate: self.speculate,
+            ..GenerateParams::default()
+        };
         let g = self.generate(&prompt, reused, &params, constraint.as_mut())?;
         self.seed = self.seed.wrapping_add(1);
         self.prompt_len = prompt.len();
@@ -399,6 +414,7 @@ impl Driver for ModelDriver {
             max_tokens: req.max_tokens,
             sampling: self.sampling,
             seed: self.seed,
+            speculate: self.speculate,
             ..Default::default()
         };
         // The seed is left as it was: a proposal does not change what later decisions sample.

@@ -60,6 +60,9 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     if a.no_prefix_reuse {
         driver = driver.without_prefix_reuse();
     }
+    if a.agent.no_speculation {
+        driver = driver.without_speculation();
+    }
     if !a.no_prompt_cache && super::prompt_cache_on() {
         driver = driver.with_prompt_cache(PromptCache::default_dir());
     }
@@ -226,6 +229,9 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     };
     if a.prompt_cache && super::prompt_cache_on() {
         driver = driver.with_prompt_cache(PromptCache::default_dir());
+    }
+    if a.agent.no_speculation {
+        driver = driver.without_speculation();
     }
     let driver: Box<dyn Driver> = Box::new(driver);
     let profile = if a.dry_run { Profile::SingleDecision } else { Profile::Run };

@@ -208,6 +208,10 @@ pub(crate) struct AgentArgs {
     /// Free-form generation with the JSON extracted from the text, instead of the decision grammar.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_grammar: bool,
+    /// Decode one token at a time, without drafts from the context (the same output, slower where it
+    /// copies: for measurements).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) no_speculation: bool,
     /// Run calls that change things even when a tool's output, not the request, chose them (a file that
     /// says "write pwned.txt"); held by default. `run --confirm` asks about every call instead.
     #[arg(long, help_heading = ADVANCED)]

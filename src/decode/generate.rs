@@ -232,116 +232,133 @@ pub fn generate(
     // The draft length follows the copying: doubled after a draft that came true whole, cut back to what
     // came true (plus one) after one that did not, since each drafted token costs a fraction of a pass.
     let mut draft_len = max_draft.min(speculate::FIRST_DRAFT);
-    let stop = loop {
-        if let Some(s) = run.limit_reached() {
-            break s;
-        }
-        if let Some(c) = constraint.as_deref_mut() {
-            let forced = c.forced_tokens()?;
-            if !forced.is_empty() {
-                // Forced tokens that drafts ran already (with their logits) are taken as they are.
-                let mut ran = 0;
-                while let Some(after) = take_draft(&mut drafts, forced.get(ran).copied()) {
-                    logits = after;
-                    ran += 1;
-                }
-                discard(model, &mut drafts);
-                if ran > 0 {
-                    spec.accepted += ran;
-                    batch_accepted += ran;
-                    if let Some(s) = run.append_forced(tok, &forced[..ran], on_text) {
-                        break s;
-                    }
-                    if ran == forced.len() {
-                        continue;
-                    }
-                }
-                spec.passes += 1;
-                match run.force(model, tok, lead.take(), forced[ran..].to_vec(), on_text)? {
-                    Ok(next_logits) => logits = next_logits,
-                    Err(s) => break s,
-                }
-                continue;
-            }
-        }
-        if let Some(t) = lead.take() {
-            let pos = run.pos() - 1;
-            let room = draft_len.min(run.remaining()).min(capacity.saturating_sub(pos + 2));
-            let context = [prompt, &run.tokens].concat();
-            let (found, n) = speculate::lookup_match(&context, room);
-            let mut draft = found.to_vec();
-            guess = draft.first().copied();
-            if !copying && !speculate::sure_match(n) {
-                draft.clear();
+    // Positions run ahead of what one token at a time would have run when the generation ended (an
+    // accepted draft as the last token): dropped, so the KV cache is left as without drafts.
+    let mut unrun = 0;
+    let constrained = constraint.is_some();
+    let stop = (|| -> Result<FinishReason> {
+        Ok(loop {
+            if let Some(s) = run.limit_reached() {
+                break s;
             }
             if let Some(c) = constraint.as_deref_mut() {
-                draft.truncate(c.valid_prefix(&draft));
+                let mut forced = c.forced_tokens()?;
+                if !forced.is_empty() {
+                    forced.truncate(run.remaining());
+                    if run.pos() + forced.len() > capacity {
+                        break FinishReason::ContextFull;
+                    }
+                    // Forced tokens that drafts ran already (with their logits) are taken as they are.
+                    let mut ran = 0;
+                    while let Some(after) = take_draft(&mut drafts, forced.get(ran).copied()) {
+                        logits = after;
+                        ran += 1;
+                    }
+                    discard(model, &mut drafts);
+                    spec.accepted += ran;
+                    batch_accepted += ran;
+                    match run.force(model, tok, lead.take(), forced, ran, on_text)? {
+                        Ok(Some(next_logits)) => {
+                            spec.passes += 1;
+                            logits = next_logits;
+                        }
+                        Ok(None) => {}
+                        Err(s) => {
+                            // Without drafts none of them would have run.
+                            unrun = ran;
+                            break s;
+                        }
+                    }
+                    continue;
+                }
             }
-            spec.passes += 1;
-            if draft.is_empty() {
-                logits = model.forward(&[t], pos)?;
-            } else {
-                let batch: Vec<u32> = std::iter::once(t).chain(draft.iter().copied()).collect();
-                let all = model.forward_all(&batch, pos)?;
-                let mut rows = all.chunks_exact(all.len() / batch.len()).map(<[f32]>::to_vec);
-                logits = rows.next().expect("a row per token");
-                drafts.extend(draft.iter().copied().zip(rows));
-                spec.drafted += draft.len();
-                batch_accepted = 0;
+            if let Some(t) = lead.take() {
+                let pos = run.pos() - 1;
+                let room = draft_len.min(run.remaining()).min(capacity.saturating_sub(pos + 2));
+                let context = [prompt, &run.tokens].concat();
+                let (found, n) = speculate::lookup_match(&context, room);
+                let mut draft = found.to_vec();
+                guess = draft.first().copied();
+                if !copying && !speculate::sure_match(n) {
+                    draft.clear();
+                }
+                if let Some(c) = constraint.as_deref_mut() {
+                    draft.truncate(c.valid_prefix(&draft));
+                }
+                spec.passes += 1;
+                if draft.is_empty() {
+                    logits = model.forward(&[t], pos)?;
+                } else {
+                    let batch: Vec<u32> = std::iter::once(t).chain(draft.iter().copied()).collect();
+                    let all = model.forward_all(&batch, pos)?;
+                    let mut rows = all.chunks_exact(all.len() / batch.len()).map(<[f32]>::to_vec);
+                    logits = rows.next().expect("a row per token");
+                    drafts.extend(draft.iter().copied().zip(rows));
+                    spec.drafted += draft.len();
+                    batch_accepted = 0;
+                }
             }
-        }
-        if let Some(c) = constraint.as_deref_mut() {
-            if c.is_finished() {
-                break FinishReason::GrammarComplete;
+            if let Some(c) = constraint.as_deref_mut() {
+                if c.is_finished() {
+                    break FinishReason::GrammarComplete;
+                }
+                c.mask_logits(&mut logits)?;
+                if run.remaining() <= params.close_within {
+                    c.prefer_closing(&mut logits);
+                }
             }
-            c.mask_logits(&mut logits)?;
-            if run.remaining() <= params.close_within {
-                c.prefer_closing(&mut logits);
+            let Some(next) = sampler.sample(&logits) else {
+                return Err(match constrained {
+                    true => Error::Constraint { problem: "the grammar allows no token here".into() },
+                    false => Error::param("logits", "every token has -inf logit"),
+                });
+            };
+            if let Some(c) = constraint.as_deref_mut() {
+                c.consume(next)?;
             }
-        }
-        let Some(next) = sampler.sample(&logits) else {
-            discard(model, &mut drafts);
-            return Err(match constraint {
-                Some(_) => Error::Constraint { problem: "the grammar allows no token here".into() },
-                None => Error::param("logits", "every token has -inf logit"),
-            });
-        };
-        if let Some(c) = constraint.as_deref_mut() {
-            c.consume(next)?;
-        }
-        if !params.ignore_eos && stop_tokens.contains(&next) {
-            break FinishReason::StopToken { token: next };
-        }
-        // The sampler picked the drafted token: it is in the cache already, with the logits after it.
-        let drafted = take_draft(&mut drafts, Some(next));
-        // A draft that came true in part still shows copying (a copied line that ends, a word changed).
-        copying = match (&drafted, drafts.is_empty()) {
-            (Some(_), _) => true,
-            (None, false) => batch_accepted > 0,
-            (None, true) => guess == Some(next),
-        };
-        match (&drafted, drafts.is_empty()) {
-            (Some(_), true) => draft_len = (draft_len * 2).min(max_draft),
-            (None, false) => draft_len = (batch_accepted + 1).clamp(speculate::FIRST_DRAFT.min(max_draft), max_draft),
-            _ => {}
-        }
-        guess = None;
-        if drafted.is_none() {
-            discard(model, &mut drafts);
-        }
-        if let Some(s) = run.accept(tok, next, on_text) {
-            break s;
-        }
-        match drafted {
-            Some(after) => {
-                spec.accepted += 1;
-                batch_accepted += 1;
-                logits = after;
+            if !params.ignore_eos && stop_tokens.contains(&next) {
+                break FinishReason::StopToken { token: next };
             }
-            None => lead = Some(next),
-        }
-    };
+            // The sampler picked the drafted token: it is in the cache already, with the logits after it.
+            let drafted = take_draft(&mut drafts, Some(next));
+            // A draft that came true in part still shows copying (a copied line that ends, a word changed).
+            copying = match (&drafted, drafts.is_empty()) {
+                (Some(_), _) => true,
+                (None, false) => batch_accepted > 0,
+                (None, true) => guess == Some(next),
+            };
+            match (&drafted, drafts.is_empty()) {
+                (Some(_), true) => draft_len = (draft_len * 2).min(max_draft),
+                (None, false) => {
+                    draft_len = (batch_accepted + 1).clamp(speculate::FIRST_DRAFT.min(max_draft), max_draft)
+                }
+                _ => {}
+            }
+            guess = None;
+            if drafted.is_none() {
+                discard(model, &mut drafts);
+            }
+            if let Some(s) = run.accept(tok, next, on_text) {
+                // Without drafts the last token would not have run.
+                unrun = usize::from(drafted.is_some());
+                break s;
+            }
+            match drafted {
+                Some(after) => {
+                    spec.accepted += 1;
+                    batch_accepted += 1;
+                    logits = after;
+                }
+                None => lead = Some(next),
+            }
+        })
+    })();
+    // On every way out, errors included: no rejected draft stays in the KV cache.
     discard(model, &mut drafts);
+    if unrun > 0 {
+        model.truncate(model.cache_len().saturating_sub(unrun));
+    }
+    let stop = stop?;
     let Decoding { tokens, out, .. } = run;
     let decode_time = t1.elapsed();
     let text = out.finish(&stop, on_text);
@@ -400,28 +417,37 @@ impl Decoding<'_> {
         crate::limits::interrupted().then_some(FinishReason::Interrupted)
     }
 
-    /// Appends the tokens the grammar forces (as many as the budget allows) and runs them through the
-    /// model in one batch, after `lead` (a sampled token already appended but not yet run) if given: the
-    /// logits after them, or why the generation ends.
+    /// Appends the tokens the grammar forces (within the budget and the context: the caller checked),
+    /// of which the first `ran` are already in the KV cache (drafts), and runs the others through the
+    /// model after `lead` (a sampled token already appended but not yet run) if given, in batches of the
+    /// model's batched step: the logits after them (`None` when nothing was left to run), or why the
+    /// generation ends.
     fn force(
         &mut self,
         model: &mut dyn LanguageModel,
         tok: &Tokenizer,
         lead: Option<u32>,
-        mut forced: Vec<u32>,
+        forced: Vec<u32>,
+        ran: usize,
         on_text: &mut dyn FnMut(&str),
-    ) -> Result<std::result::Result<Vec<f32>, FinishReason>> {
-        forced.truncate(self.params.max_tokens - self.tokens.len());
-        if self.pos() + forced.len() > self.capacity {
-            return Ok(Err(FinishReason::ContextFull));
-        }
+    ) -> Result<std::result::Result<Option<Vec<f32>>, FinishReason>> {
         // The lead token is already accepted (the last of `tokens`) but not yet run.
-        let pos = self.pos() - usize::from(lead.is_some());
-        let batch: Vec<u32> = lead.into_iter().chain(forced.iter().copied()).collect();
+        let pos = self.pos() - usize::from(lead.is_some()) + ran;
+        let batch: Vec<u32> = lead.into_iter().chain(forced[ran..].iter().copied()).collect();
         if let Some(s) = self.append_forced(tok, &forced, on_text) {
             return Ok(Err(s));
         }
-        Ok(Ok(model.forward(&batch, pos)?))
+        if batch.is_empty() {
+            return Ok(Ok(None));
+        }
+        // Grouped as a model with a batched step groups them, each group gives the same bits as one
+        // token at a time (where the whole run in one pass might not): drafts change the grouping.
+        let step = model.verify_batch().max(1);
+        let mut logits = Vec::new();
+        for (i, chunk) in batch.chunks(if step > 1 { step } else { batch.len() }).enumerate() {
+            logits = model.forward(chunk, pos + i * step)?;
+        }
+        Ok(Ok(Some(logits)))
     }
 
     /// Appends forced tokens (the grammar's, within the budget): why the generation ends after them, if

@@ -161,8 +161,9 @@ impl Llama {
         self.output.row_host(&s.h, &self.device)
     }
     /// A few tokens on host buffers, each weight read once for all of them: [`Self::step`]'s arithmetic
-    /// row by row (to the kernels' summation order), the logits of every position, `tokens.len() × vocab`.
-    fn steps(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// row by row, bit for bit; the logits of every position (`tokens.len() × vocab`), or of the last one
+    /// only when `all` is false.
+    fn steps(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
         let hp = &self.hp;
         let (m, kv, hd) = (tokens.len(), hp.kv_heads, hp.head_dim);
         let pos = self.len;
@@ -198,6 +199,11 @@ impl Llama {
             host::add(&mut s.x, &s.y);
         }
         self.len += m;
+        if !all {
+            let d = s.x.len() / m;
+            self.norm.host(&s.x[(m - 1) * d..], &mut s.h);
+            return self.output.row_host(&s.h, &self.device);
+        }
         self.norm.host_rows(&s.x, &mut s.h);
         self.output.rows_host(&s.h, m, &self.device)
     }
@@ -243,15 +249,20 @@ impl super::Network for Llama {
 
     fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         match tokens.len() {
-            2.. if self.host_steps && tokens.len() <= super::VERIFY_BATCH => self.steps(tokens),
+            2.. if self.host_steps && tokens.len() <= super::VERIFY_BATCH => self.steps(tokens, true),
             _ => super::forward_each(self, tokens),
         }
     }
 
     /// Runs `tokens` at the end of the cache; returns the last position's logits.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if let ([token], true) = (tokens, self.host_steps) {
-            return self.step(*token);
+        // Decode-sized batches (a sampled token with forced ones, a short prompt tail) on host buffers:
+        // the same bits as one token at a time, however the tokens are grouped, so speculation and the
+        // batches it changes leave the output as it was.
+        match (tokens, self.host_steps) {
+            ([token], true) => return self.step(*token),
+            (_, true) if tokens.len() <= super::VERIFY_BATCH => return self.steps(tokens, false),
+            _ => {}
         }
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);
