@@ -221,6 +221,14 @@ fn malformed_requests_get_400_naming_the_field_and_the_server_serves_on() {
         assert_eq!(e["error"]["param"], *param, "{text}");
         assert_eq!(e["error"]["type"], "invalid_request_error");
     }
+    // Refused by the model rather than the reader (over the context): a 400 too, streamed or not.
+    let long = json!([{"role": "user", "content": "lorem ipsum ".repeat(2000)}]);
+    for stream in [false, true] {
+        let body = json!({"messages": long, "stream": stream}).to_string();
+        let (status, text) = http(a, "POST", "/v1/chat/completions", body.as_bytes(), &[]);
+        assert_eq!(status, 400, "stream {stream}: {text}");
+        assert_eq!(serde_json::from_str::<Value>(&text).unwrap()["error"]["param"], "messages");
+    }
     let (status, r) = post(a, &json!({"messages": user, "max_tokens": 4}));
     assert_eq!(status, 200, "{r}");
 }

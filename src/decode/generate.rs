@@ -210,7 +210,15 @@ pub fn generate(
     }
     let start = cached.min(model.cache_len()).min(prompt.len().saturating_sub(1));
     let t0 = Instant::now();
-    let mut logits = prefill(model, &prompt[start..], start)?;
+    // Chunk by chunk, so that an interrupt (a client gone) does not wait for a long prompt.
+    let mut logits = Vec::new();
+    for (i, chunk) in prompt[start..].chunks(PREFILL_CHUNK).enumerate() {
+        if crate::limits::interrupted() {
+            let stats = GenerationStats { prompt_tokens: prompt.len(), cached_tokens: start, ..Default::default() };
+            return Ok(Generation { text: String::new(), tokens: Vec::new(), stop: FinishReason::Interrupted, stats });
+        }
+        logits = model.forward(chunk, start + i * PREFILL_CHUNK)?;
+    }
     let prefill_time = t0.elapsed();
     let mut sampler = Sampler::new(params.sampling, params.seed);
     let mut run =

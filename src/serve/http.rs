@@ -107,15 +107,18 @@ async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Respo
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Cancel::new();
     let guard = CancelOnDrop(cancel.clone());
+    st.metrics.queued();
     match st.jobs.try_send(Job { req, events: tx, cancel }) {
-        Ok(()) => st.metrics.queued(),
+        Ok(()) => {}
         Err(TrySendError::Full(_)) => {
+            st.metrics.dequeued();
             st.metrics.responded(429);
             let e = ApiError::new(429, "rate_limit_error", "the server is busy: too many requests are waiting");
             return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "1")], Json(e.body())).into_response();
         }
         Err(TrySendError::Disconnected(_)) => {
-            return error(&st, &ApiError::new(503, "server_error", "the model is no longer running"))
+            st.metrics.dequeued();
+            return error(&st, &ApiError::new(503, "server_error", "the model is no longer running"));
         }
     }
     let meta = Meta {
@@ -125,7 +128,7 @@ async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Respo
         started: Instant::now(),
     };
     match stream {
-        true => streamed(st, rx, meta, include_usage, guard),
+        true => streamed(st, rx, meta, include_usage, guard).await,
         false => whole(st, rx, meta, guard).await,
     }
 }
@@ -274,15 +277,21 @@ impl Streaming {
     }
 }
 
-fn streamed(
+async fn streamed(
     st: Shared,
-    rx: UnboundedReceiver<Event>,
+    mut rx: UnboundedReceiver<Event>,
     meta: Meta,
     include_usage: bool,
     guard: CancelOnDrop,
 ) -> Response {
+    // The status goes out with the first byte: a request the model refuses (a conversation over the
+    // context, a schema the grammar engine rejects) still gets its 4xx, not a 200 and an error event.
+    let first_event = rx.recv().await;
+    if let Some(Event::Failed(e)) = &first_event {
+        return error(&st, e);
+    }
     let first = meta.chunk(json!({"role": "assistant", "content": ""}), None).to_string();
-    let state = Streaming {
+    let mut state = Streaming {
         st,
         rx,
         meta,
@@ -292,6 +301,7 @@ fn streamed(
         done: false,
         _guard: guard,
     };
+    state.on(first_event);
     let events = futures_util::stream::unfold(state, |mut s| async move {
         loop {
             if let Some(data) = s.pending.pop_front() {

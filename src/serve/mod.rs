@@ -154,9 +154,12 @@ impl Server {
         let metrics = std::sync::Arc::new(Metrics::default());
         let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
         let worker = worker::Worker::new(driver, opts.profile, opts.parallel_calls, metrics.clone());
+        // Cancelled at shutdown: the generation in progress ends between tokens.
+        let stopping = crate::limits::Cancel::new();
+        let scope = stopping.clone();
         std::thread::Builder::new()
             .name("reagent-model".into())
-            .spawn(move || worker.run(queue))
+            .spawn(move || scope.scope(|| worker.run(queue)))
             .map_err(|e| Error::param("server", format!("cannot start the model thread: {e}")))?;
         let app = http::router(http::AppState { jobs, metrics, opts });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -164,12 +167,19 @@ impl Server {
             .name("reagent-serve".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let _ = axum::serve(listener, app)
-                        .with_graceful_shutdown(async move {
-                            let _ = stopped.await;
-                        })
-                        .await;
-                })
+                    let (drain, drained) = tokio::sync::oneshot::channel::<()>();
+                    let serving = axum::serve(listener, app).with_graceful_shutdown(async move {
+                        let _ = drained.await;
+                    });
+                    let serving = tokio::spawn(std::future::IntoFuture::into_future(serving));
+                    let _ = stopped.await;
+                    stopping.cancel();
+                    let _ = drain.send(());
+                    // Open connections get a few seconds to finish; then the runtime drops them (a client
+                    // that stopped reading, or stopped sending its body, cannot hold the shutdown).
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), serving).await;
+                });
+                rt.shutdown_timeout(std::time::Duration::from_millis(100));
             })
             .map_err(|e| Error::param("server", format!("cannot start the server thread: {e}")))?;
         Ok(Self { addr, stop: Some(stop), thread: Some(thread) })

@@ -94,7 +94,7 @@ impl Worker {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve(&job)))
                     .unwrap_or_else(|_| Err(ApiError::new(500, "server_error", "the request's generation panicked")))
             });
-            if out.is_err() {
+            if out.as_ref().is_err_and(|e| e.status >= 500) {
                 // A failure may leave the KV cache anywhere: the next request starts from nothing.
                 self.reset();
             }
@@ -129,7 +129,11 @@ impl Worker {
         let model = driver.model_mut();
         let tok = model.tokenizer().clone();
         let messages = flatten(&req.messages);
-        let prompt = model.chat_template().render_tokens(&tok, &messages, true, None).map_err(server_error)?;
+        // A template that refuses the conversation (roles out of the order it wants) refuses the request.
+        let prompt = model
+            .chat_template()
+            .render_tokens(&tok, &messages, true, None)
+            .map_err(|e| ApiError::bad("messages", crate::error::one_line(&e.to_string())))?;
         let capacity = model.context_length();
         if prompt.len() >= capacity {
             return Err(ApiError::bad(
@@ -155,7 +159,7 @@ impl Worker {
         let params = GenerateParams::default()
             .max_tokens(max_tokens)
             .sampling(sampling)
-            .seed(req.seed.unwrap_or(0))
+            .seed(req.seed.unwrap_or_else(rand::random))
             .stop_strings(req.stop.clone());
         let cached = self.chat_cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count().min(model.cache_len());
         self.chat_cached.clear();
@@ -171,6 +175,9 @@ impl Worker {
         self.chat_cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
         let finish_reason = match g.stop {
             FinishReason::MaxTokens | FinishReason::ContextFull => "length",
+            FinishReason::Interrupted => {
+                return Err(ApiError::new(503, "server_error", "the generation was interrupted"));
+            }
             _ => "stop",
         };
         Ok(Completion {
@@ -222,7 +229,12 @@ impl Worker {
             .map_err(|e| ApiError::bad("tools", crate::error::one_line(&e.to_string())))?;
         let t = agent.resume(&conversation, recorded).map_err(server_error)?;
         let Some(step) = t.steps.get(replayed) else {
-            return Err(ApiError::new(500, "server_error", format!("no decision was made: {}", t.stop_reason)));
+            let why = format!("no decision was made: {}", t.stop_reason);
+            return Err(match t.stop_reason {
+                crate::agent::StopReason::ContextOverflow { .. } => ApiError::bad("messages", why),
+                crate::agent::StopReason::Interrupted => ApiError::new(503, "server_error", why),
+                _ => ApiError::new(500, "server_error", why),
+            });
         };
         let (content, calls, finish_reason) = match &step.decision {
             Decision::FinalAnswer { answer, .. } => (Some(answer.clone()), Vec::new(), "stop"),
