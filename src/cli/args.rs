@@ -71,6 +71,10 @@ pub(crate) struct ServeArgs {
     /// Calls one decision may make when a request allows parallel calls (default: the catalog's).
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) parallel_calls: Option<usize>,
+    /// Neither load tool-call prompts' KV from the prompt cache nor save it there
+    /// (`REAGENT_PROMPT_CACHE=0` too).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) no_prompt_cache: bool,
 }
 
 #[derive(Subcommand)]

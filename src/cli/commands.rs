@@ -86,7 +86,11 @@ pub(super) fn serve(a: ServeArgs) -> Result<()> {
             p.file_stem().map_or_else(|| p.display().to_string(), |s| s.to_string_lossy().into_owned())
         }),
     };
-    let driver = reagent::agent::ModelDriver::constrained(model, reagent::Sampling::Greedy, 0)?;
+    let mut driver = reagent::agent::ModelDriver::constrained(model, reagent::Sampling::Greedy, 0)?;
+    if !a.no_prompt_cache && super::prompt_cache_on() {
+        // A client's instructions and tools, the same request after request and run after run, load.
+        driver = driver.with_prompt_cache(reagent::model::prompt_cache::PromptCache::default_dir());
+    }
     let limits = Limits::default().max_body_bytes(a.max_body_mib << 20).max_tools(a.max_tools);
     let profile =
         if a.single_decision { reagent::catalog::Profile::SingleDecision } else { reagent::catalog::Profile::Run };
