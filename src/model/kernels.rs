@@ -384,30 +384,26 @@ unsafe fn rows_tokens_into(
                 let (xp, xs) =
                     (packed.pairs.as_ptr().wrapping_add(c * xstride), packed.supers.as_ptr().wrapping_add(c * xstride));
                 let (row, yc) = (w.as_ptr().add(r * row_bytes), y.add(c * n + r));
+                // One of `avx512`'s kernels instantiated for `t`'s block type and `$c` tokens.
+                macro_rules! for_type {
+                    ($kernel:ident, $c:literal) => {
+                        match code(t) {
+                            Q4_0 => avx512::$kernel::<Q4_0, $c>,
+                            Q4_1 => avx512::$kernel::<Q4_1, $c>,
+                            Q5_0 => avx512::$kernel::<Q5_0, $c>,
+                            Q8_0 => avx512::$kernel::<Q8_0, $c>,
+                            Q4K => avx512::$kernel::<Q4K, $c>,
+                            Q5K => avx512::$kernel::<Q5K, $c>,
+                            _ => avx512::$kernel::<Q6K, $c>,
+                        }
+                    };
+                }
                 macro_rules! run {
                     ($c:literal) => {{
                         if fours && count == 4 {
-                            let f = match code(t) {
-                                Q4_0 => avx512::rows4_tokens::<Q4_0, $c>,
-                                Q4_1 => avx512::rows4_tokens::<Q4_1, $c>,
-                                Q5_0 => avx512::rows4_tokens::<Q5_0, $c>,
-                                Q8_0 => avx512::rows4_tokens::<Q8_0, $c>,
-                                Q4K => avx512::rows4_tokens::<Q4K, $c>,
-                                Q5K => avx512::rows4_tokens::<Q5K, $c>,
-                                _ => avx512::rows4_tokens::<Q6K, $c>,
-                            };
-                            f(row, row_bytes, xp, xs, xstride, blocks, yc, n);
+                            for_type!(rows4_tokens, $c)(row, row_bytes, xp, xs, xstride, blocks, yc, n);
                         } else {
-                            let f = match code(t) {
-                                Q4_0 => avx512::rows_run::<Q4_0, $c>,
-                                Q4_1 => avx512::rows_run::<Q4_1, $c>,
-                                Q5_0 => avx512::rows_run::<Q5_0, $c>,
-                                Q8_0 => avx512::rows_run::<Q8_0, $c>,
-                                Q4K => avx512::rows_run::<Q4K, $c>,
-                                Q5K => avx512::rows_run::<Q5K, $c>,
-                                _ => avx512::rows_run::<Q6K, $c>,
-                            };
-                            f(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
+                            for_type!(rows_run, $c)(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
                         }
                         c += $c;
                     }};
