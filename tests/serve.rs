@@ -251,3 +251,74 @@ fn an_api_key_is_required_when_set_and_other_hosts_need_one() {
     let open = Server::start(driver, ServeOptions::default().host("0.0.0.0".into()).port(0));
     assert!(open.is_err_and(|e| e.to_string().contains("--api-key")));
 }
+
+/// A long generation on the tiny model: a JSON string the grammar keeps open for 3,000 characters.
+fn long_request(stream: bool) -> String {
+    let schema =
+        json!({"type": "object", "properties": {"s": {"type": "string", "minLength": 3000}}, "required": ["s"]});
+    json!({"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4000, "stream": stream,
+           "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    .to_string()
+}
+
+/// Opens a streamed long generation and returns the connection once its first chunk arrived (the
+/// model thread is then busy with it).
+fn start_stream(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = long_request(true);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream closed before its first chunk");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_model() {
+    let s = server(ServeOptions::default().queue(0));
+    let a = s.addr();
+    let small = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    // How long the long generation takes when a client waits for it.
+    let t = std::time::Instant::now();
+    let (status, _) = http(a, "POST", "/v1/chat/completions", long_request(false).as_bytes(), &[]);
+    assert_eq!(status, 200);
+    let whole = t.elapsed();
+
+    // While it runs, no request may wait (queue 0): 429 with Retry-After.
+    let stream = start_stream(a);
+    let mut c = TcpStream::connect(a).unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{small}",
+        small.len()
+    );
+    c.write_all(head.as_bytes()).unwrap();
+    let mut reply = String::new();
+    c.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 429"), "{reply}");
+    assert!(reply.to_ascii_lowercase().contains("retry-after: 1"), "{reply}");
+
+    // The streaming client leaves: its generation stops, and the model serves the next request long
+    // before the generation would have ended.
+    let left = std::time::Instant::now();
+    drop(stream);
+    loop {
+        let (status, _) = http(a, "POST", "/v1/chat/completions", small.as_bytes(), &[]);
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(left.elapsed() < whole, "the model stayed busy after its client left ({:?})", left.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(left.elapsed() * 2 < whole, "freed after {:?}; the whole generation takes {whole:?}", left.elapsed());
+}
