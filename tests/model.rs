@@ -129,6 +129,15 @@ fn bad_positions_and_tokens_are_errors_not_panics() {
 }
 
 #[test]
+fn an_empty_prompt_is_refused_by_name() {
+    let mut m = tiny_model(Arch::Qwen2);
+    let tok = m.tokenizer().clone();
+    let params = GenerateParams::default().max_tokens(4);
+    let err = generate(&mut m, &tok, reagent::Request::new(&[]), &params, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, reagent::Error::EmptyPrompt), "{err}");
+}
+
+#[test]
 fn greedy_generation_is_deterministic_and_seeded_sampling_reproducible() {
     for arch in ARCHS {
         let mut m = tiny_model(arch);

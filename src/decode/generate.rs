@@ -138,16 +138,21 @@ pub struct Generation {
     pub stats: GenerationStats,
 }
 
-/// Runs `prompt` through the model in chunks starting at `pos`; returns the last logits.
-pub fn prefill(model: &mut dyn LanguageModel, prompt: &[u32], pos: usize) -> Result<Vec<f32>> {
+/// Runs `prompt` through the model in chunks starting at `pos`; returns the last logits, or `None` when
+/// an interrupt ([`crate::limits::interrupted`]: a client gone) came between chunks, so that a long prompt
+/// is not computed to the end for nobody.
+pub fn prefill(model: &mut dyn LanguageModel, prompt: &[u32], pos: usize) -> Result<Option<Vec<f32>>> {
     if prompt.is_empty() {
         return Err(Error::EmptyPrompt);
     }
     let mut logits = Vec::new();
     for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
+        if crate::limits::interrupted() {
+            return Ok(None);
+        }
         logits = model.forward(chunk, pos + i * PREFILL_CHUNK)?;
     }
-    Ok(logits)
+    Ok(Some(logits))
 }
 
 /// What a token-level generation starts from: the prompt's tokens, how many of them the model's KV cache
@@ -210,15 +215,10 @@ pub fn generate(
     }
     let start = cached.min(model.cache_len()).min(prompt.len().saturating_sub(1));
     let t0 = Instant::now();
-    // Chunk by chunk, so that an interrupt (a client gone) does not wait for a long prompt.
-    let mut logits = Vec::new();
-    for (i, chunk) in prompt[start..].chunks(PREFILL_CHUNK).enumerate() {
-        if crate::limits::interrupted() {
-            let stats = GenerationStats { prompt_tokens: prompt.len(), cached_tokens: start, ..Default::default() };
-            return Ok(Generation { text: String::new(), tokens: Vec::new(), stop: FinishReason::Interrupted, stats });
-        }
-        logits = model.forward(chunk, start + i * PREFILL_CHUNK)?;
-    }
+    let Some(mut logits) = prefill(model, &prompt[start..], start)? else {
+        let stats = GenerationStats { prompt_tokens: prompt.len(), cached_tokens: start, ..Default::default() };
+        return Ok(Generation { text: String::new(), tokens: Vec::new(), stop: FinishReason::Interrupted, stats });
+    };
     let prefill_time = t0.elapsed();
     let mut sampler = Sampler::new(params.sampling, params.seed);
     let mut run =
@@ -240,6 +240,8 @@ pub fn generate(
     // The draft length follows the copying: doubled after a draft that came true whole, cut back to what
     // came true (plus one) after one that did not, since each drafted token costs a fraction of a pass.
     let mut draft_len = max_draft.min(speculate::FIRST_DRAFT);
+    // What drafts are looked up in (only when drafting).
+    let mut context: Vec<u32> = if max_draft > 0 { prompt.to_vec() } else { Vec::new() };
     // Positions run ahead of what one token at a time would have run when the generation ended (an
     // accepted draft as the last token): dropped, so the KV cache is left as without drafts.
     let mut unrun = 0;
@@ -283,12 +285,15 @@ pub fn generate(
             if let Some(t) = lead.take() {
                 let pos = run.pos() - 1;
                 let room = draft_len.min(run.remaining()).min(capacity.saturating_sub(pos + 2));
-                let context = [prompt, &run.tokens].concat();
-                let (found, n) = speculate::lookup_match(&context, room);
-                let mut draft = found.to_vec();
-                guess = draft.first().copied();
-                if !copying && !speculate::sure_match(n) {
-                    draft.clear();
+                let mut draft = Vec::new();
+                if max_draft > 0 {
+                    // The prompt and the output so far, brought up to date with the tokens added since.
+                    context.extend_from_slice(&run.tokens[context.len() - prompt.len()..]);
+                    let (found, n) = speculate::lookup_match(&context, room);
+                    guess = found.first().copied();
+                    if copying || speculate::sure_match(n) {
+                        draft = found.to_vec();
+                    }
                 }
                 if let Some(c) = constraint.as_deref_mut() {
                     draft.truncate(c.valid_prefix(&draft));
