@@ -10,9 +10,10 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, host_vec, last_position, matvec_host, split_heads, GatedMlp, Hparams, Linear, RmsNorm, Rope,
-    RopeStyle, Weight,
+    forward_shared, host_vec, last_position, matvec_host, split_heads, GatedMlp, Linear, RmsNorm, Rope, RopeStyle,
+    Weight,
 };
+use super::Hparams;
 use crate::error::Result;
 use crate::gguf::GgufFile;
 

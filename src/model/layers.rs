@@ -240,39 +240,63 @@ pub(crate) fn forward_shared<const N: usize>(layers: [&Linear; N], x: &Tensor) -
     Ok(out.try_into().unwrap_or_else(|_| unreachable!("one output per layer")))
 }
 
+/// `m` rows of host activations quantized for layers on the kernels ([`Linear::on_kernels`]): once per
+/// block size (32-element blocks, and super-blocks for the K-quants), after checking that every layer
+/// takes rows of their width.
+struct Quantized {
+    per_block: Option<Vec<Q8Block>>,
+    per_super: Option<Vec<Q8Block>>,
+}
+
+impl Quantized {
+    fn for_layers(layers: &[&Linear], xs: &[f32], m: usize) -> Result<Self> {
+        if m == 0 || !xs.len().is_multiple_of(m) {
+            return Err(Error::param("x", format!("{} values are not {m} rows", xs.len())));
+        }
+        let k = xs.len() / m;
+        let mut q = Self { per_block: None, per_super: None };
+        for l in layers {
+            let (Weight::Mapped { t, .. }, false) = (&l.w, l.reference) else {
+                return Err(Error::param("layer", "products on host rows need weights on the kernels"));
+            };
+            let cols = l.w.dims()?.1;
+            if cols != k {
+                return Err(Error::param("x", format!("rows of {k} values for a layer of {cols} inputs")));
+            }
+            let slot = if t.block_elems() == kernels::QK { &mut q.per_block } else { &mut q.per_super };
+            if slot.is_none() {
+                let blocks = k / kernels::QK;
+                let mut v = vec![Q8Block::default(); m * blocks];
+                for (xr, qr) in xs.chunks_exact(k).zip(v.chunks_exact_mut(blocks)) {
+                    kernels::quantize_row_q8_for(*t, xr, qr);
+                }
+                *slot = Some(v);
+            }
+        }
+        Ok(q)
+    }
+
+    /// The activations as a layer of block type `t` takes them.
+    fn of(&self, t: BlockType) -> &[Q8Block] {
+        let q = if t.block_elems() == kernels::QK { &self.per_block } else { &self.per_super };
+        q.as_deref().expect("quantized for every layer's block type")
+    }
+}
+
 /// `ys[i] = x · W_iᵀ (+ b_i)` for one row on host buffers, every layer on the kernels
 /// ([`Linear::on_kernels`]): `x` quantized once per block size, every product in one dispatch to the
 /// workers. `ys` are resized to the layers' outputs.
 pub(crate) fn matvec_host<const N: usize>(layers: [&Linear; N], x: &[f32], ys: [&mut Vec<f32>; N]) -> Result<()> {
-    let k = x.len();
-    // Activations quantized per 32-element block, and per super-block for the K-quants.
-    let (mut per_block, mut per_super) = (None, None);
-    for l in &layers {
-        let (Weight::Mapped { t, .. }, false) = (&l.w, l.reference) else {
-            return Err(Error::param("layer", "single-row products on the host need weights on the kernels"));
-        };
-        let cols = l.w.dims()?.1;
-        if cols != k {
-            return Err(Error::param("x", format!("{k} values for a layer of {cols} inputs")));
-        }
-        let slot = if t.block_elems() == kernels::QK { &mut per_block } else { &mut per_super };
-        if slot.is_none() {
-            let mut q = vec![Q8Block::default(); k / kernels::QK];
-            kernels::quantize_row_q8_for(*t, x, &mut q);
-            *slot = Some(q);
-        }
-    }
+    let q = Quantized::for_layers(&layers, x, 1)?;
     let mut jobs = Vec::with_capacity(N);
     let mut biases = Vec::with_capacity(N);
     for (l, y) in layers.iter().zip(ys) {
-        let Weight::Mapped { t, m } = &l.w else { unreachable!("checked above") };
+        let Weight::Mapped { t, m } = &l.w else { unreachable!("checked by Quantized::for_layers") };
         let rows = l.w.dims()?.0;
         y.clear();
         y.resize(rows, 0.0);
-        let x = if t.block_elems() == kernels::QK { &per_block } else { &per_super };
-        let x = x.as_deref().expect("quantized above");
         biases.push(l.b_host.as_deref());
-        jobs.push(kernels::MatVecJob { t: *t, w: m.bytes(), rows, x, y: y.as_mut_slice() });
+        jobs.push(kernels::MatVecJob { t: *t, w: m.bytes(), rows, x: q.of(*t), y: y.as_mut_slice() });
     }
     kernels::matvec_jobs(&mut jobs);
     for (job, b) in jobs.iter_mut().zip(biases) {
@@ -295,31 +319,13 @@ pub(crate) fn matvec_host_rows<const N: usize>(
     if m == 1 {
         return matvec_host(layers, xs, ys);
     }
-    if m == 0 || !xs.len().is_multiple_of(m) {
-        return Err(Error::param("xs", format!("{} values are not {m} rows", xs.len())));
-    }
-    let k = xs.len() / m;
-    let (mut per_block, mut per_super): (Option<Vec<Q8Block>>, Option<Vec<Q8Block>>) = (None, None);
+    let q = Quantized::for_layers(&layers, xs, m)?;
     for (l, y) in layers.iter().zip(ys) {
-        let (Weight::Mapped { t, m: w }, false) = (&l.w, l.reference) else {
-            return Err(Error::param("layer", "host rows need weights on the kernels"));
-        };
-        let (rows, cols) = l.w.dims()?;
-        if cols != k {
-            return Err(Error::param("xs", format!("rows of {k} values for a layer of {cols} inputs")));
-        }
-        let slot = if t.block_elems() == kernels::QK { &mut per_block } else { &mut per_super };
-        let xq = slot.get_or_insert_with(|| {
-            let blocks = k / kernels::QK;
-            let mut q = vec![Q8Block::default(); m * blocks];
-            for (xr, qr) in xs.chunks_exact(k).zip(q.chunks_exact_mut(blocks)) {
-                kernels::quantize_row_q8_for(*t, xr, qr);
-            }
-            q
-        });
+        let Weight::Mapped { t, m: w } = &l.w else { unreachable!("checked by Quantized::for_layers") };
+        let rows = l.w.dims()?.0;
         y.clear();
         y.resize(m * rows, 0.0);
-        kernels::matvec_tokens(*t, w.bytes(), rows, xq, m, y);
+        kernels::matvec_tokens(*t, w.bytes(), rows, q.of(*t), m, y);
         if let Some(b) = &l.b_host {
             y.chunks_exact_mut(rows).for_each(|row| super::host::add(row, b));
         }
@@ -570,116 +576,6 @@ impl GatedMlp {
         self.down.forward(&h)
     }
 }
-
-/// Reads a GGUF `{arch}.*` hyper-parameter set common to the decoder-only transformers.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Hparams {
-    pub layers: usize,
-    pub dim: usize,
-    pub ffn: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub eps: f32,
-    pub rope_base: f32,
-    pub rope_scale: f32,
-    pub context_length: usize,
-    pub vocab: usize,
-}
-
-impl Hparams {
-    pub(crate) fn read(g: &GgufFile, arch: &str) -> Result<Self> {
-        let k = |s: &str| format!("{arch}.{s}");
-        let bad = |key: &str, problem: String| Error::Metadata { path: g.path().into(), key: k(key), problem };
-        // Sizes are checked before anything is allocated by them: a damaged count is an error naming its
-        // key, not a shape mismatch at the first token or an allocation the size of the address space.
-        let size = |key: &str| -> Result<usize> {
-            match g.usize(&k(key))? {
-                0 => Err(bad(key, "is zero".into())),
-                n if n > MAX_DIM => Err(bad(key, format!("{n} is beyond any model (at most {MAX_DIM})"))),
-                n => Ok(n),
-            }
-        };
-        let dim = size("embedding_length")?;
-        let heads = size("attention.head_count")?;
-        if heads > dim {
-            return Err(bad("attention.head_count", format!("{heads} heads for an embedding of {dim}")));
-        }
-        let kv_heads = g.usize_or(&k("attention.head_count_kv"), heads)?;
-        if kv_heads == 0 || kv_heads > heads || heads % kv_heads != 0 {
-            return Err(bad(
-                "attention.head_count_kv",
-                format!("{kv_heads} does not divide the {heads} attention heads"),
-            ));
-        }
-        let head_dim = match g.get(&k("attention.key_length")) {
-            Some(_) => size("attention.key_length")?,
-            None if dim % heads != 0 => {
-                return Err(bad("embedding_length", format!("{dim} is not a multiple of the {heads} attention heads")))
-            }
-            None => dim / heads,
-        };
-        let (tok_dims, _) = g.tensor_info("token_embd.weight")?;
-        let vocab = tok_dims.first().copied().unwrap_or(0);
-        // Rotary scaling this code does not implement is refused, never ignored (the positions would be
-        // silently wrong).
-        let scale = match g.get(&k("rope.scaling.type")).map(|_| g.str(&k("rope.scaling.type"))).transpose()? {
-            Some("linear") => g.f32_or(&k("rope.scaling.factor"), 1.0)?,
-            None | Some("none") => 1.0,
-            Some(other) => {
-                return Err(bad("rope.scaling.type", format!("`{other}` scaling is not supported (linear is)")));
-            }
-        };
-        // Every block has tensors of its own: more blocks than tensors is a damaged count, refused before
-        // anything is sized by it.
-        let layers = g.usize(&k("block_count"))?;
-        if layers == 0 || layers > g.tensor_count() {
-            return Err(bad("block_count", format!("{layers} blocks for a file of {} tensors", g.tensor_count())));
-        }
-        let positive = |key: &str, default: f32| -> Result<f32> {
-            match g.f32_or(&k(key), default)? {
-                x if x.is_finite() && x > 0.0 => Ok(x),
-                x => Err(bad(key, format!("{x} is not a positive number"))),
-            }
-        };
-        let context_length = match g.get(&k("context_length")) {
-            Some(_) => size("context_length")?,
-            None => 2048,
-        };
-        Ok(Self {
-            layers,
-            dim,
-            ffn: size("feed_forward_length")?,
-            heads,
-            kv_heads,
-            head_dim,
-            eps: positive("attention.layer_norm_rms_epsilon", 1e-5)?,
-            rope_base: positive("rope.freq_base", 10_000.0)?,
-            rope_scale: positive("rope.scaling.factor", 1.0).map(|_| scale)?,
-            context_length,
-            vocab,
-        })
-    }
-
-    /// The rotary dimensions (`{arch}.rope.dimension_count`, default the head size): even, and at most
-    /// the head size.
-    pub(crate) fn rope_dims(&self, g: &GgufFile, arch: &str) -> Result<usize> {
-        let key = format!("{arch}.rope.dimension_count");
-        match g.usize_or(&key, self.head_dim)? {
-            n if n > 0 && n % 2 == 0 && n <= self.head_dim => Ok(n),
-            n => Err(Error::Metadata {
-                path: g.path().into(),
-                key,
-                problem: format!("{n} is not an even number of dimensions up to the head size {}", self.head_dim),
-            }),
-        }
-    }
-}
-
-/// The largest embedding, feed-forward, head or context size a file may declare (2^24): far above any
-/// model, far below sizes whose products overflow.
-const MAX_DIM: usize = 1 << 24;
 
 #[cfg(test)]
 mod tests {

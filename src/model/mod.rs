@@ -13,6 +13,7 @@ pub mod attention;
 #[doc(hidden)]
 pub mod gemma3;
 pub(crate) mod host;
+mod hparams;
 #[doc(hidden)]
 pub mod kernels;
 pub(crate) mod layers;
@@ -28,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Device;
 
-pub use layers::Hparams;
+pub use hparams::Hparams;
 
 /// How prompt-sized batches are multiplied on the CPU: `amx_bf16` (the AMX tile unit, where the CPU and
 /// kernel allow it and `REAGENT_KERNELS` does not cap it), `int8_avx512`, `int8_vnni` or `int8_avx2`
