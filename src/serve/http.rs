@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::api::{parse_chat, ApiError};
-use super::worker::{since, Completion, Event, Job};
+use super::worker::{Completion, Event, Job};
 use super::{Metrics, ServeOptions};
 use crate::limits::Cancel;
 use crate::tools::ToolCall;
@@ -200,7 +200,7 @@ async fn whole(st: Shared, mut rx: UnboundedReceiver<Event>, meta: Meta, _guard:
             Some(Event::Failed(e)) => return error(&st, &e),
             None => return error(&st, &ApiError::new(500, "server_error", "the model thread stopped")),
             Some(Event::Done(c)) => {
-                st.metrics.served(since(meta.started), c.prompt_tokens, c.completion_tokens);
+                st.metrics.served(meta.started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
                 st.metrics.responded(200);
                 let mut message = json!({"role": "assistant", "content": c.content, "refusal": null});
                 if !c.calls.is_empty() {
@@ -240,7 +240,7 @@ impl Streaming {
                 self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
             }
             Some(Event::Done(c)) => {
-                self.st.metrics.served(since(self.meta.started), c.prompt_tokens, c.completion_tokens);
+                self.st.metrics.served(self.meta.started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
                 self.st.metrics.responded(200);
                 if let (false, Some(text)) = (self.streamed_text, &c.content) {
                     self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());

@@ -4,7 +4,6 @@
 //! without them is a chat generation, optionally under a JSON response format.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedSender;
@@ -368,9 +367,4 @@ impl Driver for Shared {
     fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
         lock(&self.0).catalog_entry()
     }
-}
-
-/// Seconds since `t`, for the metrics.
-pub(crate) fn since(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64()
 }
