@@ -322,3 +322,35 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_model() {
     }
     assert!(left.elapsed() * 2 < whole, "freed after {:?}; the whole generation takes {whole:?}", left.elapsed());
 }
+
+#[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
+fn a_decisions_answer_in_words_keeps_to_max_tokens() {
+    let model = Model::load(common::require_model("qwen2.5-coder-0.5b"), &LoadOptions::default()).unwrap();
+    let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
+    // The single-decision profile decides in this model's own call format, whose answers are free text.
+    let opts = ServeOptions::default().profile(reagent::catalog::Profile::SingleDecision);
+    let s = Server::start(driver, opts.host("127.0.0.1".into()).port(0)).unwrap();
+    let ask = json!([{"role": "user", "content": "Explain in detail how rainbows form."}]);
+    let body = |max: Option<u64>| {
+        // `auto`: a decision (`none` is a plain chat generation), which answers in words here.
+        let mut b = json!({"messages": ask, "tools": weather_tools(), "tool_choice": "auto", "temperature": 0});
+        if let Some(n) = max {
+            b["max_tokens"] = json!(n);
+        }
+        b
+    };
+    let (status, long) = post(s.addr(), &body(None));
+    assert_eq!(status, 200, "{long}");
+    let long_tokens = long["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(long_tokens > 12, "{long}");
+    let (status, short) = post(s.addr(), &body(Some(6)));
+    assert_eq!(status, 200, "{short}");
+    assert_eq!(short["choices"][0]["finish_reason"], "length", "{short}");
+    assert!(short["usage"]["completion_tokens"].as_u64().unwrap() <= 7, "{short}");
+    let text = short["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!text.is_empty() && long["choices"][0]["message"]["content"].as_str().unwrap().starts_with(text.trim()));
+}

@@ -2,11 +2,11 @@
 """Replays BFCL task files as chat-completion requests against any OpenAI-compatible server.
 
 Usage:
-  python bfcl_replay.py URL TASKS.jsonl OUT.jsonl [--limit N] [--api-key K]
+  python bfcl_replay.py URL TASKS.jsonl OUT.jsonl [--limit N] [--api-key K] [--system TEXT]
 
 Each task's messages and functions become one request (tools, tool_choice auto, temperature 0); the calls
 that come back are written as `{"id", "calls": [{"name", "arguments"}], "seconds", "status"}` lines,
-which BFCL's checker reads (`score.py OUT.jsonl --partial`). A request that fails (HTTP error, a call whose
+with the usage the server reports and any text answer; BFCL's checker reads them (`score.py OUT.jsonl --partial`). A request that fails (HTTP error, a call whose
 arguments are not JSON) records no calls and its status. Prints the mean and median seconds per request.
 """
 import argparse
@@ -25,14 +25,20 @@ def main():
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--model", default="local")
+    ap.add_argument("--system", default=None,
+                    help="a system message put first where a task has none (llama-cpp-python's "
+                         "chatml-function-calling lists the tools only inside a system message)")
     a = ap.parse_args()
     tasks = [json.loads(l) for l in open(a.tasks)][: a.limit]
     times, failed = [], 0
     with open(a.out, "w") as out:
         for t in tasks:
+            messages = t["messages"]
+            if a.system is not None and not any(m["role"] == "system" for m in messages):
+                messages = [{"role": "system", "content": a.system}] + messages
             body = {
                 "model": a.model,
-                "messages": t["messages"],
+                "messages": messages,
                 "tools": [{"type": "function", "function": f} for f in t["functions"]],
                 "tool_choice": "auto",
                 "temperature": 0,
@@ -43,10 +49,12 @@ def main():
             if a.api_key:
                 req.add_header("Authorization", "Bearer " + a.api_key)
             t0 = time.perf_counter()
-            calls, status = [], 200
+            calls, status, usage, content = [], 200, {}, None
             try:
                 with urllib.request.urlopen(req, timeout=600) as r:
                     resp = json.load(r)
+                usage = resp.get("usage") or {}
+                content = resp["choices"][0]["message"].get("content")
                 for c in resp["choices"][0]["message"].get("tool_calls") or []:
                     try:
                         args = json.loads(c["function"]["arguments"])
@@ -61,7 +69,9 @@ def main():
             dt = time.perf_counter() - t0
             times.append(dt)
             failed += status != 200
-            out.write(json.dumps({"id": t["id"], "calls": calls, "seconds": round(dt, 3), "status": status}) + "\n")
+            out.write(json.dumps({"id": t["id"], "calls": calls, "seconds": round(dt, 3), "status": status,
+                                  "prompt_tokens": usage.get("prompt_tokens"),
+                                  "completion_tokens": usage.get("completion_tokens"), "content": content}) + "\n")
             out.flush()
     print(json.dumps({"requests": len(tasks), "failed": failed, "mean_s": round(statistics.mean(times), 3),
                       "median_s": round(statistics.median(times), 3)}))

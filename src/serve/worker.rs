@@ -206,6 +206,12 @@ impl Worker {
         };
         // The client runs the calls and decides about them; nothing here has side effects to hold.
         config.hold_untrusted_calls = false;
+        // The request's token limit bounds an answer in words (a native-format answer; a ReAct answer is
+        // bounded in characters). Calls are not cut: a call cut short would not parse.
+        if let Some(n) = req.max_tokens {
+            config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(n);
+        }
+        let answer_cap = config.decision.max_answer_tokens;
         match (req.parallel_tool_calls, self.parallel_calls) {
             (false, _) => config.decision.parallel_calls = None,
             (true, Some(n)) => config.decision.parallel_calls = Some(n),
@@ -236,7 +242,10 @@ impl Worker {
             });
         };
         let (content, calls, finish_reason) = match &step.decision {
-            Decision::FinalAnswer { answer, .. } => (Some(answer.clone()), Vec::new(), "stop"),
+            Decision::FinalAnswer { answer, .. } => {
+                let cut = format == DecisionFormat::Native && step.stats.generated_tokens >= answer_cap;
+                (Some(answer.clone()), Vec::new(), if cut { "length" } else { "stop" })
+            }
             d => (None, d.calls(), "tool_calls"),
         };
         Ok(Completion {
