@@ -354,3 +354,28 @@ fn a_decisions_answer_in_words_keeps_to_max_tokens() {
     let text = short["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!text.is_empty() && long["choices"][0]["message"]["content"].as_str().unwrap().starts_with(text.trim()));
 }
+
+#[test]
+fn conversations_taking_turns_keep_their_prefixes() {
+    let s = server(ServeOptions::default());
+    let a = s.addr();
+    let first = |topic: &str| json!([{"role": "user", "content": format!("{} ", topic).repeat(60)}]);
+    let ask = |messages: &Value| {
+        let (status, r) = post(a, &json!({"messages": messages, "max_tokens": 4, "temperature": 0}));
+        assert_eq!(status, 200, "{r}");
+        r
+    };
+    let a1 = ask(&first("apples"));
+    let b1 = ask(&first("pears"));
+    assert!(b1["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() < 32, "{b1}");
+    // The first conversation goes on after the second: its prefix comes back from the kept copy.
+    let mut a2 = first("apples");
+    a2.as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": a1["choices"][0]["message"]["content"]}),
+        json!({"role": "user", "content": "and then?"}),
+    ]);
+    let r = ask(&a2);
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let a1_prompt = a1["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached >= a1_prompt, "cached {cached} of {}, the first turn's prompt {a1_prompt}", r["usage"]);
+}

@@ -11,6 +11,7 @@ use serde_json::Value;
 use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
 use super::native::{self, NativeTokens};
+use super::recent::RecentPrefixes;
 use crate::decode::constraint::{Allowed, BranchBias, BranchPoint, Constraint, Grammar, GrammarEngine};
 use crate::decode::generate::{generate, FinishReason, GenerateParams, Generation, Request};
 use crate::decode::sampler::Sampling;
@@ -126,6 +127,8 @@ pub struct ModelDriver {
     prompt_cache: Option<PromptCache>,
     /// The system turn's tokens last saved or found saved (not looked up again).
     saved_system: Vec<u32>,
+    /// Copies of the KV of recent conversations (off unless asked for).
+    recent: Option<RecentPrefixes>,
 }
 
 impl ModelDriver {
@@ -155,7 +158,61 @@ impl ModelDriver {
             longest_token: Default::default(),
             prompt_cache: None,
             saved_system: Vec::new(),
+            recent: None,
         }
+    }
+
+    /// Keeps a copy of the KV cache, up to `max_bytes` in all, when a prompt departs from it, and takes
+    /// it back when a later prompt shares more of it than the cache does: conversations that take turns
+    /// (a server's clients) are not computed again. `reagent serve` keeps 256 MiB.
+    pub fn with_recent_prefixes(mut self, max_bytes: usize) -> Self {
+        if self.model.export_prefix(0).is_some() {
+            self.recent = Some(RecentPrefixes::new(max_bytes));
+        }
+        self
+    }
+
+    /// Readies the KV cache for `prompt`: keeps the prefix it shares with the cache, else a longer one
+    /// from the recent conversations' copies or the prompt cache on disk. Returns the tokens of `prompt`
+    /// now in the cache, and how many of them were loaded from disk. Generate after them, then say what
+    /// the cache holds with [`set_cached`](Self::set_cached) (decisions do both themselves).
+    pub fn prepare_prefix(&mut self, prompt: &[u32]) -> (usize, usize) {
+        /// Copies of fewer diverging tokens than this are not worth their bytes.
+        const MIN_KEPT: usize = 64;
+        let reused =
+            if self.reuse_prefix { self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count() } else { 0 };
+        let in_cache = self.cached.len().min(self.model.cache_len());
+        if let Some(recent) = &mut self.recent {
+            if in_cache >= reused + MIN_KEPT {
+                if let Some(prefix) = self.model.export_prefix(in_cache) {
+                    recent.remember(&self.cached[..in_cache], prefix);
+                }
+            }
+        }
+        // From here on the cache beyond `reused` is being overwritten: if generation fails midway, the
+        // next call must not trust more than this prefix.
+        self.cached.truncate(reused);
+        self.model.truncate(reused);
+        let mut reused = reused;
+        if let Some(prefix) = self.recent.as_mut().and_then(|r| r.recall(prompt, reused)) {
+            if self.model.import_prefix(&prefix).is_ok() {
+                reused = prefix.len;
+                self.cached = prompt[..reused].to_vec();
+            } else {
+                // Whatever the failed import left is not trusted.
+                reused = 0;
+                self.cached.clear();
+                self.model.truncate(0);
+            }
+        }
+        let loaded = self.load_saved_prefix(prompt, reused);
+        (reused.max(loaded), loaded)
+    }
+
+    /// Records that the KV cache holds `tokens` after a generation made outside a decision.
+    pub fn set_cached(&mut self, mut tokens: Vec<u32>) {
+        tokens.truncate(self.model.cache_len());
+        self.cached = tokens;
     }
 
     /// Saves the KV of the system prompt (with the tools it describes) to disk after the first decision,
@@ -350,14 +407,7 @@ impl Driver for ModelDriver {
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         let t = Instant::now();
         let prompt = self.tokens(req.messages, req.tools)?;
-        let reused =
-            if self.reuse_prefix { self.cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count() } else { 0 };
-        // From here on the cache beyond `reused` is being overwritten: if generation fails midway, the
-        // next call must not trust more than this prefix.
-        self.cached.truncate(reused);
-        self.model.truncate(reused);
-        let loaded = self.load_saved_prefix(&prompt, reused);
-        let reused = reused.max(loaded);
+        let (reused, loaded) = self.prepare_prefix(&prompt);
         let mut constraint = match &self.engine {
             Some(e) => Some(e.constraint(req.grammar)?.with_branches(self.branches(req))),
             None => None,

@@ -28,6 +28,7 @@ mod event_log;
 pub mod events;
 pub mod grounding;
 pub mod native;
+pub mod recent;
 mod run;
 
 use std::sync::Arc;

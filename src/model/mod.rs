@@ -301,6 +301,25 @@ pub struct KvPrefix {
     pub layers: Vec<attention::KvBlock>,
 }
 
+impl KvPrefix {
+    /// Keeps the first `len` positions (all of them when there are fewer).
+    pub fn truncate(&mut self, len: usize) {
+        let len = len.min(self.len);
+        for layer in &mut self.layers {
+            let keep = len * layer.d;
+            layer.k.iter_mut().chain(layer.v.iter_mut()).for_each(|b| b.truncate(keep));
+            layer.len = len;
+        }
+        self.len = len;
+    }
+
+    /// Bytes the keys and values take.
+    pub fn bytes(&self) -> usize {
+        let floats: usize = self.layers.iter().flat_map(|l| l.k.iter().chain(&l.v)).map(Vec::len).sum();
+        floats * std::mem::size_of::<f32>()
+    }
+}
+
 impl LanguageModel for Transformer {
     fn vocab_size(&self) -> usize {
         self.info.hparams.vocab

@@ -118,12 +118,7 @@ impl PromptCache {
         if prefix.len < hit.len {
             return Err(bad("holds fewer tokens than its header says".into()));
         }
-        for layer in &mut prefix.layers {
-            let keep = hit.len * layer.d;
-            layer.k.iter_mut().chain(layer.v.iter_mut()).for_each(|b| b.truncate(keep));
-            layer.len = hit.len;
-        }
-        prefix.len = hit.len;
+        prefix.truncate(hit.len);
         // Used now: the last to be evicted.
         if let Ok(f) = std::fs::File::options().append(true).open(&hit.path) {
             let _ = f.set_modified(std::time::SystemTime::now());

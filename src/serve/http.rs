@@ -175,7 +175,8 @@ impl Meta {
 
 fn usage(c: &Completion) -> Value {
     json!({"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-           "total_tokens": c.prompt_tokens + c.completion_tokens})
+           "total_tokens": c.prompt_tokens + c.completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": c.cached_tokens}})
 }
 
 fn tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {

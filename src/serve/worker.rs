@@ -40,6 +40,8 @@ pub(crate) struct Completion {
     /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was already computed (the API's `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
 }
 
@@ -54,14 +56,14 @@ pub(crate) struct Job {
 /// The longest answer of a chat request that sets no `max_tokens`.
 const DEFAULT_MAX_TOKENS: usize = 2048;
 
+/// The KV of recent conversations kept in memory, so clients taking turns are not prefilled again: about
+/// ten 1,000-token conversations of the 0.5B.
+const RECENT_KV_BYTES: usize = 256 << 20;
+
 pub(crate) struct Worker {
     driver: Arc<Mutex<ModelDriver>>,
     profile: Profile,
     parallel_calls: Option<usize>,
-    /// The tokens the KV cache holds after the last chat generation (its prefix is reused by the next).
-    chat_cached: Vec<u32>,
-    /// The last request was a decision: the driver's cache, not `chat_cached`, describes the KV cache.
-    after_decision: bool,
     metrics: Arc<Metrics>,
 }
 
@@ -78,8 +80,8 @@ impl Worker {
         parallel_calls: Option<usize>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let driver = Arc::new(Mutex::new(driver));
-        Self { driver, profile, parallel_calls, chat_cached: Vec::new(), after_decision: false, metrics }
+        let driver = Arc::new(Mutex::new(driver.with_recent_prefixes(RECENT_KV_BYTES)));
+        Self { driver, profile, parallel_calls, metrics }
     }
 
     /// Serves jobs until the queue closes.
@@ -106,7 +108,6 @@ impl Worker {
 
     fn reset(&mut self) {
         lock(&self.driver).forget();
-        self.chat_cached.clear();
     }
 
     fn serve(&mut self, job: &Job) -> Res<Completion> {
@@ -120,12 +121,8 @@ impl Worker {
     /// A chat generation, streamed, under the response format's grammar if any.
     fn chat(&mut self, req: &ChatRequest, events: &UnboundedSender<Event>, cancel: &Cancel) -> Res<Completion> {
         let mut driver = lock(&self.driver);
-        if std::mem::take(&mut self.after_decision) {
-            driver.forget();
-            self.chat_cached.clear();
-        }
         let engine = driver.engine().cloned();
-        let model = driver.model_mut();
+        let model = driver.model();
         let tok = model.tokenizer().clone();
         let messages = flatten(&req.messages);
         // A template that refuses the conversation (roles out of the order it wants) refuses the request.
@@ -160,9 +157,10 @@ impl Worker {
             .sampling(sampling)
             .seed(req.seed.unwrap_or_else(rand::random))
             .stop_strings(req.stop.clone());
-        let cached = self.chat_cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count().min(model.cache_len());
-        self.chat_cached.clear();
         let stops = model.stop_tokens().to_vec();
+        // The conversation's prefix in the KV cache: the last request's, or a recent conversation's.
+        let (cached, _) = driver.prepare_prefix(&prompt);
+        let model = driver.model_mut();
         let request = Request::new(&prompt).cached(cached).stop_tokens(&stops).constraint(constraint.as_mut());
         let g = generate(model, &tok, request, &params, &mut |text| {
             if events.send(Event::Delta(text.to_string())).is_err() {
@@ -170,8 +168,7 @@ impl Worker {
             }
         })
         .map_err(server_error)?;
-        let in_cache = model.cache_len();
-        self.chat_cached = prompt.iter().chain(&g.tokens).copied().take(in_cache).collect();
+        driver.set_cached(prompt.iter().chain(&g.tokens).copied().collect());
         let finish_reason = match g.stop {
             FinishReason::MaxTokens | FinishReason::ContextFull => "length",
             FinishReason::Interrupted => {
@@ -184,16 +181,13 @@ impl Worker {
             calls: Vec::new(),
             finish_reason,
             prompt_tokens: prompt.len(),
+            cached_tokens: cached,
             completion_tokens: g.tokens.len(),
         })
     }
 
     /// One agent decision over the request's tools (never run here: the client runs them).
     fn decide(&mut self, req: &ChatRequest) -> Res<Completion> {
-        if !self.after_decision {
-            self.reset();
-            self.after_decision = true;
-        }
         let shared = Shared(self.driver.clone());
         let entry = shared.catalog_entry();
         let mut config =
@@ -253,6 +247,7 @@ impl Worker {
             calls,
             finish_reason,
             prompt_tokens: step.stats.prompt_tokens,
+            cached_tokens: step.stats.reused_tokens.min(step.stats.prompt_tokens),
             completion_tokens: step.stats.generated_tokens,
         })
     }
