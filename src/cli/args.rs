@@ -437,6 +437,10 @@ pub(crate) struct TokenizeArgs {
     /// Parse control tokens such as `<|im_start|>` into their ids.
     #[arg(long)]
     pub(crate) special: bool,
+    /// Also run the model over the tokens and print the logits of the next token, as
+    /// `{"ids": [...], "logits": [...]}` (to compare with another implementation).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) logits: bool,
 }
 
 #[derive(Args)]
@@ -478,6 +482,10 @@ pub(crate) struct GenerateArgs {
     /// Constrain the whole output to match this regular expression.
     #[arg(long, group = "grammar", value_name = "RE")]
     pub(crate) regex: Option<String>,
+    /// Print the generated token ids (a JSON array) instead of the text (to compare with another
+    /// implementation).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) ids: bool,
 }
 
 #[derive(Args)]

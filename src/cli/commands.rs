@@ -14,9 +14,14 @@ use super::{display, load};
 
 /// `reagent tokenize`: the token ids of a text as a JSON array.
 pub(super) fn tokenize(a: TokenizeArgs) -> Result<()> {
-    let model = load(&a.model)?;
+    let mut model = load(&a.model)?;
     let ids = model.tokenizer().encode(&a.text, a.special)?;
-    out!("{}", serde_json::to_string(&ids)?);
+    if a.logits {
+        let logits = reagent::LanguageModel::forward(&mut model, &ids, 0)?;
+        out!("{}", serde_json::json!({"ids": ids, "logits": logits}));
+    } else {
+        out!("{}", serde_json::to_string(&ids)?);
+    }
     Ok(())
 }
 
@@ -178,7 +183,7 @@ pub(super) fn generate(a: GenerateArgs) -> Result<ExitCode> {
         reagent::Request::new(&prompt).stop_tokens(&stops).constraint(constraint.as_mut()),
         &params,
         &mut |t| {
-            if write_err.is_none() {
+            if write_err.is_none() && !a.ids {
                 if let Err(e) = stdout.write_all(t.as_bytes()).and_then(|_| stdout.flush()) {
                     write_err = Some(e);
                 }
@@ -187,6 +192,9 @@ pub(super) fn generate(a: GenerateArgs) -> Result<ExitCode> {
     )?;
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
+    }
+    if a.ids {
+        write!(stdout, "{}", serde_json::to_string(&out.tokens)?)?;
     }
     writeln!(stdout)?;
     display::generation_stats(&out, constraint.as_ref())?;
