@@ -108,6 +108,10 @@ pub struct DecisionDefaults {
     /// Maximum characters of a ReAct decision's thought (`DecisionOptions::max_thought_chars`);
     /// absent: its default.
     pub thought_chars: Option<usize>,
+    /// Tokens of thinking before each decision, for models whose template thinks
+    /// (`AgentConfig::think_budget`); absent: 0, the template's no-thinking mode.
+    #[serde(default)]
+    pub think_budget: usize,
 }
 
 /// The catalog entry of the model file at `path` (`file_bytes` long), by its file name and size: the

@@ -1075,3 +1075,46 @@ fn a_program_tool_that_cannot_start_is_retried_as_its_tools_file_says() {
         assert!(err.contains(bad.split(' ').next().unwrap()), "{err}");
     }
 }
+
+#[test]
+fn a_thinking_model_thinks_within_its_budget_and_the_events_keep_it_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-thinking.gguf");
+    let spec = reagent::model::tiny::TinySpec {
+        context: 4096,
+        thinking: true,
+        ..reagent::model::tiny::TinySpec::new(reagent::model::Arch::Qwen3)
+    };
+    reagent::model::tiny::write_tiny_gguf(&path, &spec).unwrap();
+    let model = reagent::Model::load(&path, &reagent::LoadOptions::default()).unwrap();
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let mut a = Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(tool("note", |_| Ok(json!("noted"))))
+        .config(
+            AgentConfig::default()
+                .tool_choice(ToolChoice::Specific("note".into()))
+                .max_steps(1)
+                .think_budget(6)
+                .decision(reagent::DecisionOptions::default().max_thought_chars(8).max_string_chars(8))
+                .max_decision_tokens(200),
+        )
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = a.run("hello").unwrap();
+    let step = &t.steps[0];
+    let thinking = step.thinking.as_deref().expect("the step keeps its thinking");
+    assert!(step.stats.thinking_tokens > 0 && step.stats.thinking_tokens <= 7, "{:?}", step.stats);
+    assert!(matches!(&step.decision, Decision::CallTool { tool, .. } if tool == "note"), "{:?}", step.decision);
+    let events = events.lock().unwrap();
+    let extracted = events.iter().find_map(|e| match e {
+        AgentEvent::DecisionExtracted { thinking, text, .. } => Some((thinking.clone(), text.clone())),
+        _ => None,
+    });
+    let (event_thinking, text) = extracted.expect("a decision event");
+    assert_eq!(event_thinking.as_deref(), Some(thinking));
+    // The decision the conversation keeps is the decision alone.
+    assert!(!text.contains("<think>") && !text.contains("</think>"), "{text:?}");
+}

@@ -21,6 +21,8 @@ use crate::model::LanguageModel;
 use crate::text::chat::{ChatMessage, Role};
 use crate::text::Model;
 
+mod thinking;
+
 /// What a driver is asked for.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -36,6 +38,8 @@ pub struct DecisionRequest<'a> {
     pub max_tokens: usize,
     /// 0 for the first attempt at a step, then 1, 2, … for retries.
     pub attempt: usize,
+    /// Tokens of free thinking before the decision ([`AgentConfig::think_budget`](super::AgentConfig)).
+    pub think_budget: usize,
 }
 
 /// A driver's output: the text, and whether generation ended on a complete decision.
@@ -43,6 +47,8 @@ pub struct DecisionRequest<'a> {
 #[non_exhaustive]
 pub struct DriverOutput {
     pub text: String,
+    /// The thinking before the decision, when there was some (never part of `text`).
+    pub thinking: Option<String>,
     /// False when generation stopped early (token limit, context end) or, under a grammar, before the
     /// grammar was complete.
     pub complete: bool,
@@ -52,7 +58,7 @@ pub struct DriverOutput {
 impl DriverOutput {
     /// What a [`Driver`] of one's own returns: the decision's text, whether it is complete, and its stats.
     pub fn new(text: String, complete: bool, stats: DecisionStats) -> Self {
-        Self { text, complete, stats }
+        Self { text, thinking: None, complete, stats }
     }
 }
 
@@ -129,6 +135,8 @@ pub struct ModelDriver {
     saved_system: Vec<u32>,
     /// Copies of the KV of recent conversations (off unless asked for).
     recent: Option<RecentPrefixes>,
+    /// The last decision thought first: prompts render with the template's thinking on.
+    thinking: bool,
 }
 
 impl ModelDriver {
@@ -159,6 +167,7 @@ impl ModelDriver {
             prompt_cache: None,
             saved_system: Vec::new(),
             recent: None,
+            thinking: false,
         }
     }
 
@@ -319,7 +328,13 @@ impl ModelDriver {
 
     fn tokens(&self, messages: &[ChatMessage], tools: Option<&Value>) -> Result<Vec<u32>> {
         let tok = self.model.tokenizer();
-        self.model.chat_template().render_tokens(tok, messages, true, tools)
+        let template = self.model.chat_template();
+        match template.has_thinking() {
+            // Thinking or the template's no-thinking mode, never its default: under a grammar the decision
+            // starts at once, so a template that thinks by default would get no thinking and no close.
+            true => template.with_thinking(self.thinking).render_tokens(tok, messages, true, tools),
+            false => template.render_tokens(tok, messages, true, tools),
+        }
     }
 
     /// Generates after `prompt`, whose first `cached` tokens are in the KV cache, and records what the
@@ -406,7 +421,18 @@ impl Driver for ModelDriver {
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         let t = Instant::now();
-        let prompt = self.tokens(req.messages, req.tools)?;
+        if req.think_budget > 0 && !self.model.chat_template().has_thinking() {
+            return Err(Error::param("think budget", "the model's chat template has no thinking section"));
+        }
+        self.thinking = req.think_budget > 0;
+        let rendered = self.tokens(req.messages, req.tools)?;
+        let (prompt, thinking, thinking_tokens) = match req.think_budget {
+            0 => (rendered.clone(), None, 0),
+            budget => {
+                let (p, text, n) = self.think(&rendered, budget)?;
+                (p, Some(text), n)
+            }
+        };
         let (reused, loaded) = self.prepare_prefix(&prompt);
         let mut constraint = match &self.engine {
             Some(e) => Some(e.constraint(req.grammar)?.with_branches(self.branches(req))),
@@ -428,7 +454,7 @@ impl Driver for ModelDriver {
         let g = self.generate(&prompt, reused, &params, constraint.as_mut())?;
         self.seed = self.seed.wrapping_add(1);
         self.prompt_len = prompt.len();
-        self.save_prefix(req, &prompt);
+        self.save_prefix(req, &rendered);
         // Under a grammar: complete when the grammar is (even if the last token also hit the limit).
         // Free: when it stopped by itself, or a whole JSON object came out before the limit cut it.
         let complete = match (&constraint, &g.stop) {
@@ -438,17 +464,18 @@ impl Driver for ModelDriver {
             }
         };
         let stats = DecisionStats {
-            prompt_tokens: prompt.len(),
-            reused_tokens: g.stats.cached_tokens,
+            prompt_tokens: rendered.len(),
+            reused_tokens: g.stats.cached_tokens.min(rendered.len()),
             loaded_tokens: loaded,
-            generated_tokens: g.tokens.len(),
+            generated_tokens: g.tokens.len() + thinking_tokens,
+            thinking_tokens,
             forced_tokens: constraint.as_ref().map_or(0, |c| c.stats().forced_tokens),
             drafted_tokens: g.stats.speculation.drafted,
             accepted_tokens: g.stats.speculation.accepted,
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: constraint.as_ref().map(|c| c.stats().branch_margins.clone()).unwrap_or_default(),
         };
-        Ok(DriverOutput { text: g.text, complete, stats })
+        Ok(DriverOutput { text: g.text, thinking, complete, stats })
     }
 
     fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
@@ -475,13 +502,14 @@ impl Driver for ModelDriver {
             reused_tokens: g.stats.cached_tokens,
             loaded_tokens: 0,
             generated_tokens: g.tokens.len(),
+            thinking_tokens: 0,
             forced_tokens: constraint.stats().forced_tokens,
             drafted_tokens: g.stats.speculation.drafted,
             accepted_tokens: g.stats.speculation.accepted,
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: Vec::new(),
         };
-        Ok(Some(DriverOutput { text: g.text, complete, stats }))
+        Ok(Some(DriverOutput { text: g.text, thinking: None, complete, stats }))
     }
 
     fn observation_role(&self) -> Role {
@@ -628,14 +656,14 @@ impl Driver for ScriptedDriver {
         };
         let prompt_tokens = req.messages.iter().map(|m| m.content.len()).sum();
         let stats = DecisionStats { prompt_tokens, generated_tokens: text.len(), ..DecisionStats::default() };
-        Ok(DriverOutput { text, complete, stats })
+        Ok(DriverOutput { text, thinking: None, complete, stats })
     }
 
     fn extend(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
         let Some(ScriptItem::More(text)) = self.items.front().cloned() else { return Ok(None) };
         self.items.pop_front();
         let stats = DecisionStats { generated_tokens: text.len(), ..DecisionStats::default() };
-        Ok(Some(DriverOutput { text, complete: true, stats }))
+        Ok(Some(DriverOutput { text, thinking: None, complete: true, stats }))
     }
 
     fn measure(&mut self, messages: &[ChatMessage], _tools: Option<&Value>) -> Result<Option<(usize, usize)>> {

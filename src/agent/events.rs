@@ -21,6 +21,9 @@ pub struct DecisionStats {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub loaded_tokens: usize,
     pub generated_tokens: usize,
+    /// Of those, the tokens of thinking before the decision ([`AgentConfig::think_budget`](super::AgentConfig)).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub thinking_tokens: usize,
     /// Tokens the grammar forced.
     pub forced_tokens: usize,
     /// Tokens drafted from the context and run ahead of the sampler (speculative decoding), and how many
@@ -41,6 +44,7 @@ impl DecisionStats {
     /// proposed call); the prompt and margins stay this decision's.
     pub(crate) fn add_generation(&mut self, other: &DecisionStats) {
         self.generated_tokens += other.generated_tokens;
+        self.thinking_tokens += other.thinking_tokens;
         self.forced_tokens += other.forced_tokens;
         self.loaded_tokens += other.loaded_tokens;
         self.drafted_tokens += other.drafted_tokens;
@@ -80,6 +84,10 @@ pub enum AgentEvent {
         stats: DecisionStats,
         /// The decision as the model wrote it (the assistant turn the conversation keeps).
         text: String,
+        /// What the model thought before deciding ([`AgentConfig::think_budget`](super::AgentConfig));
+        /// never part of the decision or its arguments.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        thinking: Option<String>,
     },
     /// The generation ended without a complete decision (token limit, unparsable output).
     ExtractionFailed {
@@ -229,6 +237,9 @@ pub struct CallRecord {
 #[non_exhaustive]
 pub struct Step {
     pub decision: Decision,
+    /// What the model thought before deciding, if it thought.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
     pub calls: Vec<CallRecord>,
     /// The observation text the model saw next.
     pub observation: Option<String>,

@@ -116,6 +116,10 @@ pub struct AgentConfig {
     /// says "write pwned.txt" or "send the key to …" does not get its way. The call is not run; the model
     /// is told why. Off where a person confirms each call (`reagent run --confirm`).
     pub hold_untrusted_calls: bool,
+    /// For models whose template has a thinking section (Qwen 3, SmolLM 3): the most tokens of free
+    /// thinking (`<think>…</think>`) before each decision, which is then made under the grammar as
+    /// always, in the same sequence. 0: the template's no-thinking mode. Other models: must be 0.
+    pub think_budget: usize,
 }
 
 impl Default for AgentConfig {
@@ -141,6 +145,7 @@ impl Default for AgentConfig {
             drop_unstated_calls: false,
             check_arithmetic: true,
             hold_untrusted_calls: true,
+            think_budget: 0,
         }
     }
 }
@@ -166,6 +171,7 @@ setters!(AgentConfig {
     drop_unstated_calls: bool,
     check_arithmetic: bool,
     hold_untrusted_calls: bool,
+    think_budget: usize,
 });
 
 /// Under `auto`, whether the first decision of a run must call a tool.
@@ -240,6 +246,7 @@ impl AgentConfig {
         if let Some(n) = s.thought_chars {
             self.decision.max_thought_chars = n;
         }
+        self.think_budget = s.think_budget;
         Ok(())
     }
 

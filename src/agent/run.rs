@@ -23,13 +23,15 @@ use checks::{arithmetic_slips, copied_failure, Failure};
 
 /// What one step's attempts produced.
 enum Attempt {
-    Decided(Decided),
+    Decided(Box<Decided>),
     Stop(StopReason),
 }
 
 /// One valid decision, as the step keeps it.
 struct Decided {
     decision: Decision,
+    /// The thinking before the decision, if the model thought.
+    thinking: Option<String>,
     /// The decision as the conversation keeps it.
     text: String,
     stats: DecisionStats,
@@ -262,7 +264,7 @@ impl Agent {
             raised: &mut run.pending_raised,
         };
         let mut decided = match self.attempt(step_no, messages, grammar, checks, tools, &mut run.stats)? {
-            Attempt::Decided(d) => d,
+            Attempt::Decided(d) => *d,
             Attempt::Stop(s) => return Ok(Some(s)),
         };
         // The first free choice between calling and answering: a call made of values the user never
@@ -290,7 +292,7 @@ impl Agent {
                 let raised = &mut run.pending_raised;
                 let checks = Checks { call_only: None, slips: None, failures: &run.failures, pending: None, raised };
                 match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
-                    Attempt::Decided(answer) => decided = merge_redecided(decided, answer),
+                    Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
                     Attempt::Stop(s) => return Ok(Some(s)),
                 }
             }
@@ -303,15 +305,25 @@ impl Agent {
         if self.config.format == DecisionFormat::Native {
             self.drop_unstated(&turns.evidence, &mut decided);
         }
-        let Decided { decision, text, stats, retries } = decided;
+        let Decided { decision, thinking, text, stats, retries } = decided;
         self.emit(AgentEvent::DecisionExtracted {
             step: step_no,
             decision: decision.clone(),
             stats: stats.clone(),
             text: text.clone(),
+            thinking: thinking.clone(),
         });
+        // The conversation keeps the decision, not the thinking (as the thinking templates render turns).
         messages.push(ChatMessage::assistant(text));
-        let step = Step { decision: decision.clone(), calls: Vec::new(), observation: None, retries, stats, grounding };
+        let step = Step {
+            decision: decision.clone(),
+            thinking,
+            calls: Vec::new(),
+            observation: None,
+            retries,
+            stats,
+            grounding,
+        };
         if let Decision::FinalAnswer { answer, .. } = &decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
             run.steps.push(step);
@@ -374,6 +386,7 @@ impl Agent {
         }
         let step = Step {
             decision: rec.decision.clone(),
+            thinking: None,
             calls: Vec::new(),
             observation: None,
             retries: 0,
@@ -412,6 +425,7 @@ impl Agent {
                 biases: self.config.branch_biases,
                 max_tokens: self.config.max_decision_tokens,
                 attempt: 0,
+                think_budget: 0,
             };
             let Some(out) = self.driver.extend(&req)? else { break };
             decided.stats.add_generation(&out.stats);
@@ -512,6 +526,7 @@ impl Agent {
                 biases,
                 max_tokens: self.config.max_decision_tokens,
                 attempt: if after_slip { 0 } else { attempt },
+                think_budget: self.config.think_budget,
             };
             let out = match self.driver.decide(&req) {
                 Ok(o) => o,
@@ -567,7 +582,13 @@ impl Agent {
                 Ok(decision) => {
                     let (decision, cut) = decision.until_repeated_call();
                     let text = self.kept_text(&out.text, &decision, cut)?;
-                    return Ok(Attempt::Decided(Decided { decision, text, stats: out.stats, retries: attempt }));
+                    return Ok(Attempt::Decided(Box::new(Decided {
+                        decision,
+                        thinking: out.thinking.clone(),
+                        text,
+                        stats: out.stats,
+                        retries: attempt,
+                    })));
                 }
                 Err(failure) => self.report_failure(step, attempt, failure, &out),
             };

@@ -75,6 +75,10 @@ pub(crate) struct ServeArgs {
     /// (`REAGENT_PROMPT_CACHE=0` too).
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_prompt_cache: bool,
+    /// Models whose template thinks (Qwen 3, SmolLM 3): up to N tokens of free thinking before each tool
+    /// decision, returned as `reasoning_content` (default: the catalog's, else 0).
+    #[arg(long, value_name = "N")]
+    pub(crate) think_budget: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -323,6 +327,11 @@ pub(crate) struct DecisionArgs {
     /// is wrong, ask again with the right one.
     #[arg(long, value_name = "yes|no", default_value = "yes")]
     pub(crate) check_arithmetic: Toggle,
+    /// Models whose template thinks (Qwen 3, SmolLM 3): up to N tokens of free `<think>` text before each
+    /// decision, which is then made under the grammar as always; 0: the template's no-thinking mode
+    /// (default: the catalog's, else 0).
+    #[arg(long, value_name = "N")]
+    pub(crate) think_budget: Option<usize>,
 }
 
 /// `yes` or `no`, for settings whose default comes from the catalog.
@@ -377,6 +386,9 @@ impl DecisionArgs {
             config.decision.max_thought_chars = n;
         }
         config.check_arithmetic = self.check_arithmetic == Toggle::Yes;
+        if let Some(n) = self.think_budget {
+            config.think_budget = n;
+        }
         Ok(())
     }
 }

@@ -122,12 +122,17 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
         ),
         RunStarted { tools, driver, .. } => paint("2", format!("[{driver} decisions; tools: {}]", tools.join(", "))),
         StepStarted { .. } => return,
-        DecisionExtracted { step, decision, stats, .. } => {
+        DecisionExtracted { step, decision, stats, thinking, .. } => {
             // Native decisions have no thought: the line then only numbers the step.
             let mut s = match decision.thought() {
                 "" => paint("36", format!("{step}.")),
                 t => paint("36", format!("{step}. thought: {t}")),
             };
+            if let Some(t) = thinking {
+                let short: String = t.chars().take(300).collect();
+                let more = if short.len() < t.len() { " …" } else { "" };
+                s = format!("{}\n{s}", paint("2", format!("{step}. thinking ({} tokens): {short}{more}", stats.thinking_tokens)));
+            }
             let loaded = match stats.loaded_tokens {
                 0 => String::new(),
                 n => format!(", {n} loaded"),

@@ -30,6 +30,9 @@ pub struct TinySpec {
     pub seed: u64,
     /// Metadata entries that replace (by key) or add to the file's own: damaged files for tests.
     pub metadata: Vec<(String, Value)>,
+    /// A thinking model (BPE vocabularies): `<think>` and `</think>` tokens, and a template that thinks
+    /// unless `enable_thinking` is false, as Qwen 3's.
+    pub thinking: bool,
 }
 
 impl TinySpec {
@@ -46,6 +49,7 @@ impl TinySpec {
             weight_type: GgmlDType::Q8_0,
             seed: 7,
             metadata: Vec::new(),
+            thinking: false,
         }
     }
 }
@@ -67,6 +71,11 @@ pub const TINY_MERGES: &[(&str, &str)] = &[
 pub const TINY_BPE_CONTROL: &[&str] = &["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
 /// User-defined tokens (always parsed, like Qwen's call markers).
 pub const TINY_BPE_USER: &[&str] = &["<tool_call>", "</tool_call>"];
+
+/// Qwen 3's template, reduced to its thinking switch.
+const CHATML_THINKING: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + \
+message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}\
+{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}";
 
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + \
 '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -202,6 +211,16 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
         Arch::Qwen2 | Arch::Qwen3 => bpe_vocab("qwen2"),
         Arch::Gemma3 => spm_vocab(),
     };
+    let mut vocab = vocab;
+    if spec.thinking {
+        for t in ["<think>", "</think>"] {
+            vocab.tokens.push(t.into());
+            vocab.types.push(4);
+        }
+        if let Some(m) = vocab.meta.iter_mut().find(|(k, _)| k == "tokenizer.chat_template") {
+            m.1 = Value::String(CHATML_THINKING.into());
+        }
+    }
     let head_dim = spec.dim / spec.heads;
     let k = |s: &str| format!("{arch}.{s}");
     let mut meta: Vec<(String, Value)> = vec![

@@ -204,6 +204,9 @@ async fn whole(st: Shared, mut rx: UnboundedReceiver<Event>, meta: Meta, _guard:
                 st.metrics.served(meta.started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
                 st.metrics.responded(200);
                 let mut message = json!({"role": "assistant", "content": c.content, "refusal": null});
+                if let Some(r) = &c.reasoning {
+                    message["reasoning_content"] = json!(r);
+                }
                 if !c.calls.is_empty() {
                     message["tool_calls"] = json!(tool_calls(&c.calls, false));
                 }
@@ -243,6 +246,9 @@ impl Streaming {
             Some(Event::Done(c)) => {
                 self.st.metrics.served(self.meta.started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
                 self.st.metrics.responded(200);
+                if let Some(r) = &c.reasoning {
+                    self.pending.push_back(self.meta.chunk(json!({"reasoning_content": r}), None).to_string());
+                }
                 if let (false, Some(text)) = (self.streamed_text, &c.content) {
                     self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
                 }

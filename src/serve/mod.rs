@@ -41,6 +41,9 @@ pub struct ServeOptions {
     pub model_name: String,
     /// Calls one decision may make where a request allows parallel calls (`None`: the catalog's setting).
     pub parallel_calls: Option<usize>,
+    /// Tokens of thinking before each tool decision, for models whose template thinks (`None`: the
+    /// catalog's setting).
+    pub think_budget: Option<usize>,
 }
 
 impl Default for ServeOptions {
@@ -55,6 +58,7 @@ impl Default for ServeOptions {
             profile: Profile::Run,
             model_name: "reagent".into(),
             parallel_calls: None,
+            think_budget: None,
         }
     }
 }
@@ -69,6 +73,7 @@ setters!(ServeOptions {
     profile: Profile,
     model_name: String,
     parallel_calls: Option<usize>,
+    think_budget: Option<usize>,
 });
 
 /// Counters for `/metrics`.
@@ -153,7 +158,7 @@ impl Server {
         let addr = listener.local_addr().map_err(|e| Error::param("host", e.to_string()))?;
         let metrics = std::sync::Arc::new(Metrics::default());
         let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
-        let worker = worker::Worker::new(driver, opts.profile, opts.parallel_calls, metrics.clone());
+        let worker = worker::Worker::new(driver, opts.profile, opts.parallel_calls, opts.think_budget, metrics.clone());
         // Cancelled at shutdown: the generation in progress ends between tokens.
         let stopping = crate::limits::Cancel::new();
         let scope = stopping.clone();

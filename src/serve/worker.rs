@@ -40,6 +40,8 @@ pub(crate) struct Completion {
     /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
     pub prompt_tokens: usize,
+    /// The thinking before a decision (the API's `reasoning_content`).
+    pub reasoning: Option<String>,
     /// Prompt tokens whose KV was already computed (the API's `prompt_tokens_details.cached_tokens`).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
@@ -64,6 +66,7 @@ pub(crate) struct Worker {
     driver: Arc<Mutex<ModelDriver>>,
     profile: Profile,
     parallel_calls: Option<usize>,
+    think_budget: Option<usize>,
     metrics: Arc<Metrics>,
 }
 
@@ -78,10 +81,11 @@ impl Worker {
         driver: ModelDriver,
         profile: Profile,
         parallel_calls: Option<usize>,
+        think_budget: Option<usize>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let driver = Arc::new(Mutex::new(driver.with_recent_prefixes(RECENT_KV_BYTES)));
-        Self { driver, profile, parallel_calls, metrics }
+        Self { driver, profile, parallel_calls, think_budget, metrics }
     }
 
     /// Serves jobs until the queue closes.
@@ -181,6 +185,7 @@ impl Worker {
             calls: Vec::new(),
             finish_reason,
             prompt_tokens: prompt.len(),
+            reasoning: None,
             cached_tokens: cached,
             completion_tokens: g.tokens.len(),
         })
@@ -206,6 +211,9 @@ impl Worker {
             config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(n);
         }
         let answer_cap = config.decision.max_answer_tokens;
+        if let Some(n) = self.think_budget {
+            config.think_budget = n;
+        }
         match (req.parallel_tool_calls, self.parallel_calls) {
             (false, _) => config.decision.parallel_calls = None,
             (true, Some(n)) => config.decision.parallel_calls = Some(n),
@@ -247,6 +255,7 @@ impl Worker {
             calls,
             finish_reason,
             prompt_tokens: step.stats.prompt_tokens,
+            reasoning: step.thinking.clone(),
             cached_tokens: step.stats.reused_tokens.min(step.stats.prompt_tokens),
             completion_tokens: step.stats.generated_tokens,
         })

@@ -86,6 +86,7 @@ impl ChatMessage {
 }
 
 /// A compiled chat template.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
     source: String,
@@ -93,7 +94,13 @@ pub struct ChatTemplate {
     eos: String,
     /// Where the template came from, named in its errors.
     origin: Option<String>,
+    /// The `enable_thinking` variable of templates with a thinking section (unset: the template's default).
+    enable_thinking: Option<bool>,
 }
+
+/// The markers of a thinking section (Qwen 3, SmolLM 3).
+pub const THINK_OPEN: &str = "<think>";
+pub const THINK_CLOSE: &str = "</think>";
 
 /// `json.dumps` separators (", " and ": "), which HF's `tojson` produces and templates expect.
 struct PyFormatter;
@@ -173,6 +180,7 @@ impl ChatTemplate {
             bos: text(tok.bos()),
             eos: text(tok.eos()),
             origin: None,
+            enable_thinking: None,
         })
     }
 
@@ -191,6 +199,18 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether the template has a thinking section it turns on and off by `enable_thinking` (Qwen 3,
+    /// SmolLM 3): `<think>…</think>` before the answer.
+    pub fn has_thinking(&self) -> bool {
+        self.source.contains(THINK_OPEN) && self.source.contains("enable_thinking")
+    }
+
+    /// The template rendering with `enable_thinking` set to `on` (for templates without a thinking
+    /// section, the same rendering).
+    pub fn with_thinking(&self, on: bool) -> Self {
+        Self { enable_thinking: Some(on), ..self.clone() }
+    }
+
     /// Renders a conversation. `tools` is passed to the template as the HF `tools` variable.
     pub fn render(
         &self,
@@ -201,16 +221,22 @@ impl ChatTemplate {
         self.env.get_template("chat").map_err(|e| self.error(e.to_string(), Some(e)))?;
         let (env, messages, tools) = (self.env.clone(), messages.to_vec(), tools.cloned());
         let (bos, eos) = (self.bos.clone(), self.eos.clone());
+        let thinking = self.enable_thinking;
         // Fuel bounds the instructions; the memory budget bounds what a few instructions can ask for.
         let rendered = crate::limits::with_memory_budget(TEMPLATE_MEMORY, move || {
             let tmpl = env.get_template("chat")?;
-            tmpl.render(minijinja::context! {
+            let ctx = minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
                 tools => tools,
                 bos_token => bos,
                 eos_token => eos,
-            })
+            };
+            // Set only when asked: a template tests whether it is defined.
+            match thinking {
+                Some(on) => tmpl.render(minijinja::context! { enable_thinking => on, ..ctx }),
+                None => tmpl.render(ctx),
+            }
         });
         match rendered {
             Ok(Ok(text)) => Ok(text),
