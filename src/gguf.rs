@@ -46,6 +46,22 @@ impl MappedTensor {
     pub fn bytes(&self) -> &[u8] {
         &self.map[self.offset..self.offset + self.len]
     }
+
+    /// Rows `start..start + count` of a matrix (one part of a fused one), in place; `None` past its end.
+    pub fn rows(&self, start: usize, count: usize) -> Option<MappedTensor> {
+        let rows = *self.dims.first()?;
+        let end = start.checked_add(count).filter(|&e| e <= rows && rows > 0)?;
+        let row_bytes = self.len / rows;
+        let mut dims = self.dims.clone();
+        dims[0] = end - start;
+        Some(MappedTensor {
+            map: self.map.clone(),
+            offset: self.offset + start * row_bytes,
+            len: (end - start) * row_bytes,
+            dims,
+            dtype: self.dtype,
+        })
+    }
 }
 
 /// The process's anonymous memory on huge pages, in bytes (Linux; `None` elsewhere or when unreadable).

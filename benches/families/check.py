@@ -36,7 +36,12 @@ FILES = {
     "qwen3": ["qwen3"],
     # Four layers: the fourth has no rotary positions.
     "smollm3": ["smollm3", "--layers", "4"],
+    # Fused q/k/v and gate/up, rotary on 48 of 64 dimensions, LongRoPE, the output tied to the embedding.
+    "phi3": ["phi3", "--rope-dims", "48"],
 }
+# Contexts each file runs at: Phi 3 takes its short rotary factors up to the 4096 positions it was
+# trained at, its long ones past them.
+CONTEXTS = {"phi3": [1024, 8192]}
 QUANTS = {"Q8_0": 7, "Q6_K": 18, "Q4_K_M": 15}  # llama_ftype values
 
 
@@ -68,7 +73,8 @@ def main():
             out = os.path.join(a.dir, f"random-{name}-{q.lower()}.gguf")
             quantize(f32, out, ftype)
             files.append((out, ["--logits-rms", "0.04", "--tie", "0.08"]))
-        for path, extra in files:
+        runs = [(path, extra + ["--n-ctx", str(c)], c) for path, extra in files for c in CONTEXTS.get(name, [1024])]
+        for path, extra, ctx in runs:
             r = subprocess.run([sys.executable, os.path.join(HERE, "compare_llamacpp.py"), path, a.binary, *extra],
                                capture_output=True, text=True)
             lines = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
@@ -76,7 +82,7 @@ def main():
             total = sum(1 for l in lines if "same" in l)
             ties = [l["first_difference"] for l in lines if "same" in l and not l["same"]]
             rms = max((l["logits_rel_rms"] for l in lines if "logits_rel_rms" in l), default=None)
-            print(json.dumps({"file": os.path.basename(path), "same_continuations": f"{same}/{total}",
+            print(json.dumps({"file": os.path.basename(path), "context": ctx, "same_continuations": f"{same}/{total}",
                               "parted_at_near_ties_at_steps": ties,
                               "max_logits_rel_rms": rms, "ok": r.returncode == 0}), flush=True)
             if r.returncode != 0:

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Greedy continuations of reagent and llama.cpp on the same GGUF file, token for token.
 
-    compare_llamacpp.py MODEL.gguf [REAGENT_BINARY] [--tokens N] [--tie T] [--logits-rms R]
+    compare_llamacpp.py MODEL.gguf [REAGENT_BINARY] [--tokens N] [--tie T] [--logits-rms R] [--n-ctx C]
 
 Needs llama-cpp-python. For each prompt it compares the greedy token ids of both (N tokens, 64 by
 default). They must be the same, or part at a near tie: where llama.cpp's own logits put its pick at
 most T (1e-3 by default) ahead of reagent's. Two implementations that round differently break such ties
 differently (on random weights with a 150k vocabulary they are common); a real fault parts them by far
 more. With --logits-rms, the first step's logits (after the same token ids) must also agree to that
-relative RMS, sqrt(mean((a - b)^2)) / sqrt(mean(b^2)). Exit 1 on any failure.
+relative RMS, sqrt(mean((a - b)^2)) / sqrt(mean(b^2)). Both run with a context of C tokens (1024 by
+default; it picks Phi 3's short or long rotary factors). Exit 1 on any failure.
 """
 import argparse
 import json
@@ -29,15 +30,15 @@ PROMPTS = [
 ]
 
 
-def reagent_ids(binary, model, prompt, n):
+def reagent_ids(binary, model, prompt, n, ctx):
     out = subprocess.run(
         [binary, "generate", "--model", model, "--prompt", prompt, "--temperature", "0", "--max-tokens", str(n),
-         "--ids"], capture_output=True, check=True)
+         "--ids", "--context", str(ctx)], capture_output=True, check=True)
     return json.loads(out.stdout)
 
 
-def reagent_logits(binary, model, prompt):
-    out = subprocess.run([binary, "tokenize", "--model", model, "--text", prompt, "--logits"],
+def reagent_logits(binary, model, prompt, ctx):
+    out = subprocess.run([binary, "tokenize", "--model", model, "--text", prompt, "--logits", "--context", str(ctx)],
                          capture_output=True, check=True)
     v = json.loads(out.stdout)
     return v["ids"], np.array(v["logits"], dtype=np.float64)
@@ -56,12 +57,13 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--tie", type=float, default=1e-3)
     ap.add_argument("--logits-rms", type=float, default=None)
+    ap.add_argument("--n-ctx", type=int, default=1024)
     a = ap.parse_args()
-    llm = llama_cpp.Llama(a.model, n_ctx=1024, n_threads=2, verbose=False, logits_all=True)
+    llm = llama_cpp.Llama(a.model, n_ctx=a.n_ctx, n_threads=2, verbose=False, logits_all=True)
     bad = 0
     if a.logits_rms is not None:
         for prompt in PROMPTS[:4]:
-            ids, ours = reagent_logits(a.binary, a.model, prompt)
+            ids, ours = reagent_logits(a.binary, a.model, prompt, a.n_ctx)
             theirs = llama_logits(llm, ids)
             rms = float(np.sqrt(np.mean((ours - theirs) ** 2)) / np.sqrt(np.mean(theirs ** 2)))
             ok = rms <= a.logits_rms
@@ -75,7 +77,7 @@ def main():
             if len(theirs) == a.tokens:
                 break
             theirs.append(t)
-        ours = reagent_ids(a.binary, a.model, prompt, len(theirs))
+        ours = reagent_ids(a.binary, a.model, prompt, len(theirs), a.n_ctx)
         same = ours == theirs
         row = {"prompt": prompt[:30], "same": same, "tokens": len(theirs)}
         ok = same

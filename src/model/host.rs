@@ -50,9 +50,9 @@ fn rms(x: &[f32], eps: f32) -> f32 {
 
 /// Rotates every `d`-element head of `x` by the rotary angles of one position (`cos`, `sin`: `d/2`
 /// each), pairing adjacent elements or the two halves.
-pub(crate) fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], d: usize, interleaved: bool) {
+pub(crate) fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], d: usize, stride: usize, interleaved: bool) {
     let half = d / 2;
-    for head in x.chunks_exact_mut(d) {
+    for head in x.chunks_exact_mut(stride) {
         for i in 0..half {
             let (a, b) = if interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
             let (x0, x1) = (head[a], head[b]);

@@ -39,6 +39,41 @@ impl Weight {
         })
     }
 
+    /// Rows `rows` of tensor `name`, a matrix of shape `total` (`[rows, cols]`): one part of a fused matrix
+    /// (Phi 3's q/k/v and gate/up), in place in the file where the kernels take its type.
+    pub(crate) fn load_rows(
+        g: &GgufFile,
+        name: &str,
+        rows: std::ops::Range<usize>,
+        total: [usize; 2],
+        dev: &Device,
+    ) -> Result<Self> {
+        let (_, dtype) = g.tensor_info(name)?;
+        let bad = |reason: String| Error::Tensor { path: g.path().to_path_buf(), tensor: name.to_string(), reason };
+        let m = g.mapped(name, Some(&total))?;
+        let part = m
+            .rows(rows.start, rows.len())
+            .ok_or_else(|| bad(format!("rows {rows:?} are not inside its {} rows", total[0])))?;
+        Ok(match BlockType::of(dtype) {
+            Some(t) if dev.is_cpu() => {
+                if !total[1].is_multiple_of(t.block_elems()) {
+                    return Err(bad(format!("rows of {} elements are not whole {dtype:?} blocks", total[1])));
+                }
+                Weight::Mapped { t, m: part }
+            }
+            _ => {
+                let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    dtype,
+                    part.bytes(),
+                    vec![rows.len(), total[1]],
+                    dev,
+                )
+                .map_err(|e| bad(e.to_string()))?;
+                Weight::Candle(Arc::new(q))
+            }
+        })
+    }
+
     fn dims(&self) -> Result<(usize, usize)> {
         Ok(match self {
             Weight::Mapped { m, .. } => (m.dims[0], m.dims[1]),
@@ -110,6 +145,26 @@ impl Linear {
         }
         l.b = b;
         Ok(l)
+    }
+
+    /// Rows `rows` of the fused matrix `{name}.weight` of shape `total`, as a layer of their own (no bias:
+    /// a fused matrix with one is refused, naming it).
+    pub(crate) fn load_rows(
+        g: &GgufFile,
+        name: &str,
+        rows: std::ops::Range<usize>,
+        total: [usize; 2],
+        dev: &Device,
+    ) -> Result<Self> {
+        let bias = format!("{name}.bias");
+        if g.has_tensor(&bias) {
+            return Err(Error::Tensor {
+                path: g.path().to_path_buf(),
+                tensor: bias,
+                reason: "a bias on a fused matrix is not supported".into(),
+            });
+        }
+        Self::new(g, Weight::load_rows(g, &format!("{name}.weight"), rows, total, dev)?)
     }
 
     /// A bias-free layer over an already loaded weight of `g` (tied embeddings).
@@ -431,6 +486,9 @@ pub(crate) struct Rope {
     /// The tables on the host (CPU only), `max_pos × dim/2` each, for [`Self::host`].
     host: Option<(Vec<f32>, Vec<f32>)>,
     half: usize,
+    /// The head size: the rotated dimensions are the first `2·half` of each head (all of it, or part:
+    /// Phi 3's partial rotary), the others pass unchanged.
+    head: usize,
 }
 
 impl Rope {
@@ -455,7 +513,25 @@ impl Rope {
             true => Some((cos.flatten_all()?.to_vec1::<f32>()?, sin.flatten_all()?.to_vec1::<f32>()?)),
             false => None,
         };
-        Ok(Self { cos, sin, style, host, half: dim / 2 })
+        Ok(Self { cos, sin, style, host, half: dim / 2, head: dim })
+    }
+
+    /// Rotates the first dimensions of heads of `head` (more than the rotary size: partial rotary).
+    pub(crate) fn with_head(mut self, head: usize) -> Self {
+        self.head = head.max(2 * self.half);
+        self
+    }
+
+    /// Scales the rotated dimensions by `m` (LongRoPE's attention factor: cos and sin times `m`).
+    pub(crate) fn with_magnitude(mut self, m: f32) -> Result<Self> {
+        if m != 1.0 {
+            self.cos = (&self.cos * m as f64)?;
+            self.sin = (&self.sin * m as f64)?;
+            if let Some((c, s)) = &mut self.host {
+                c.iter_mut().chain(s.iter_mut()).for_each(|v| *v *= m);
+            }
+        }
+        Ok(self)
     }
 
     /// Rotates every head of `x` (host buffers, heads of exactly the rotary size) for position `pos`.
@@ -468,13 +544,8 @@ impl Rope {
             (Some(c), Some(s)) => (c, s),
             _ => return Err(Error::param("pos", format!("position {pos} is past the rotary tables"))),
         };
-        super::host::rope(x, cos, sin, 2 * h, self.style == RopeStyle::Interleaved);
+        super::host::rope(x, cos, sin, 2 * h, self.head, self.style == RopeStyle::Interleaved);
         Ok(())
-    }
-
-    /// The rotary size (dimensions rotated per head).
-    pub(crate) fn dims(&self) -> usize {
-        2 * self.half
     }
 
     /// Rotates `x` of shape `[batch, heads, seq, head_dim]` for positions `pos..pos+seq`.
@@ -482,11 +553,19 @@ impl Rope {
         let seq = x.dim(2)?;
         let cos = self.cos.narrow(0, pos, seq)?;
         let sin = self.sin.narrow(0, pos, seq)?;
-        let x = x.contiguous()?;
-        Ok(match self.style {
-            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
-            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
-        })
+        let rotate = |x: &Tensor| -> Result<Tensor> {
+            let x = x.contiguous()?;
+            Ok(match self.style {
+                RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
+                RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
+            })
+        };
+        let (d, rot) = (x.dim(3)?, 2 * self.half);
+        if rot == d {
+            return rotate(x);
+        }
+        let (head, tail) = (x.narrow(3, 0, rot)?, x.narrow(3, rot, d - rot)?);
+        Ok(Tensor::cat(&[&rotate(&head)?, &tail], 3)?)
     }
 }
 
@@ -522,6 +601,17 @@ impl GatedMlp {
             up: Linear::load(g, &format!("{p}.ffn_up"), [ffn, dim], dev)?,
             down: Linear::load(g, &format!("{p}.ffn_down"), [dim, ffn], dev)?,
             gelu,
+        })
+    }
+
+    /// Phi 3's MLP: one `{p}.ffn_up` matrix of `2·ffn` rows, the gate's (through the activation) first.
+    pub(crate) fn load_fused(g: &GgufFile, p: &str, dim: usize, ffn: usize, dev: &Device) -> Result<Self> {
+        let up = format!("{p}.ffn_up");
+        Ok(Self {
+            gate: Linear::load_rows(g, &up, 0..ffn, [2 * ffn, dim], dev)?,
+            up: Linear::load_rows(g, &up, ffn..2 * ffn, [2 * ffn, dim], dev)?,
+            down: Linear::load(g, &format!("{p}.ffn_down"), [dim, ffn], dev)?,
+            gelu: false,
         })
     }
 

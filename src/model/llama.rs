@@ -1,9 +1,12 @@
-//! The llama family: `llama` (SmolLM2), `qwen2` (Qwen2.5-Coder) and `qwen3` GGUF files.
+//! The llama family: `llama` (SmolLM2, Llama 3.x), `qwen2` (Qwen2.5-Coder), `qwen3`, `smollm3` and `phi3`
+//! GGUF files.
 //!
 //! Pre-norm decoder blocks with grouped-query attention, rotary embeddings and a SiLU-gated MLP. The
 //! architectures differ only in details kept in [`Variant`]: qwen2 has biases on q/k/v and "NeoX" (split
 //! halves) rotary pairing; Llama 3.x files carry per-frequency rotary factors (`rope_freqs`); qwen3 has NeoX pairing, no biases, and an RMS norm over each query and key head
-//! before the rotation; llama GGUF files were converted with q/k rows permuted for interleaved pairing.
+//! before the rotation; llama GGUF files were converted with q/k rows permuted for interleaved pairing;
+//! phi3 (Phi-3, Phi-4-mini) fuses q/k/v and gate/up into one matrix each (split by rows at load), rotates
+//! only the first dimensions of each head, and carries LongRoPE's short and long factors.
 
 use candle_core::Device;
 
@@ -25,6 +28,8 @@ pub enum Variant {
     Qwen3,
     /// Llama's block; every fourth layer (the 4th, 8th, …) attends without rotary positions ("NoPE").
     SmolLM3,
+    /// Fused `attn_qkv` and `ffn_up` (gate rows first), NeoX pairing on part of each head, LongRoPE.
+    Phi3,
 }
 
 struct Block {
@@ -65,6 +70,7 @@ impl Llama {
             Variant::Qwen2 => "qwen2",
             Variant::Qwen3 => "qwen3",
             Variant::SmolLM3 => "smollm3",
+            Variant::Phi3 => "phi3",
         };
         let hp = Hparams::read(g, arch)?;
 
@@ -73,11 +79,19 @@ impl Llama {
         let mut blocks = Vec::with_capacity(hp.layers);
         for i in 0..hp.layers {
             let p = format!("blk.{i}");
+            let (qd, kvd) = (hp.heads * hd, hp.kv_heads * hd);
+            let fused = format!("{p}.attn_qkv");
+            let [q, k, v] = match variant == Variant::Phi3 && g.has_tensor(&format!("{fused}.weight")) {
+                true => [0..qd, qd..qd + kvd, qd + kvd..qd + 2 * kvd]
+                    .map(|rows| Linear::load_rows(g, &fused, rows, [qd + 2 * kvd, d], dev)),
+                false => [("attn_q", qd), ("attn_k", kvd), ("attn_v", kvd)]
+                    .map(|(n, out)| Linear::load(g, &format!("{p}.{n}"), [out, d], dev)),
+            };
             blocks.push(Block {
                 attn_norm: RmsNorm::load(g, &format!("{p}.attn_norm"), d, hp.eps, dev)?,
-                q: Linear::load(g, &format!("{p}.attn_q"), [hp.heads * hd, d], dev)?,
-                k: Linear::load(g, &format!("{p}.attn_k"), [hp.kv_heads * hd, d], dev)?,
-                v: Linear::load(g, &format!("{p}.attn_v"), [hp.kv_heads * hd, d], dev)?,
+                q: q?,
+                k: k?,
+                v: v?,
                 o: Linear::load(g, &format!("{p}.attn_output"), [d, hp.heads * hd], dev)?,
                 qk_norm: match variant {
                     Variant::Qwen3 => Some((
@@ -87,7 +101,10 @@ impl Llama {
                     _ => None,
                 },
                 ffn_norm: RmsNorm::load(g, &format!("{p}.ffn_norm"), d, hp.eps, dev)?,
-                mlp: GatedMlp::load(g, &p, d, hp.ffn, false, dev)?,
+                mlp: match variant {
+                    Variant::Phi3 => GatedMlp::load_fused(g, &p, d, hp.ffn, dev)?,
+                    _ => GatedMlp::load(g, &p, d, hp.ffn, false, dev)?,
+                },
                 cache: KvCache::new(max_len, dev),
                 rotary: !(variant == Variant::SmolLM3 && (i + 1) % 4 == 0),
             });
@@ -101,12 +118,23 @@ impl Llama {
         let rope_dim = hp.rope_dims(g, arch)?;
         let style = match variant {
             Variant::Llama | Variant::SmolLM3 => RopeStyle::Interleaved,
-            Variant::Qwen2 | Variant::Qwen3 => RopeStyle::Halves,
+            Variant::Qwen2 | Variant::Qwen3 | Variant::Phi3 => RopeStyle::Halves,
         };
-        // Llama 3.x's per-frequency rotary factors (one per pair of rotated dimensions).
-        let factors = match g.has_tensor("rope_freqs.weight") {
+        // Per-frequency rotary factors (one per pair of rotated dimensions): Llama 3.x's `rope_freqs`;
+        // Phi 3's LongRoPE factors, the long ones for a context past the one it was trained at (as
+        // llama.cpp picks them, by the context the model runs with), with their attention factor.
+        let (factors_name, magnitude) = match variant {
+            Variant::Phi3 => {
+                let orig = g.usize_or("phi3.rope.scaling.original_context_length", hp.context_length)?;
+                let long = max_len > orig;
+                let name = if long { "rope_factors_long.weight" } else { "rope_factors_short.weight" };
+                (name, g.f32_or("phi3.rope.scaling.attn_factor", 1.0)?)
+            }
+            _ => ("rope_freqs.weight", 1.0),
+        };
+        let factors = match g.has_tensor(factors_name) {
             true => Some(
-                g.tensor("rope_freqs.weight", Some(&[rope_dim / 2]), &Device::Cpu)?
+                g.tensor(factors_name, Some(&[rope_dim / 2]), &Device::Cpu)?
                     .dequantize(&Device::Cpu)?
                     .to_dtype(candle_core::DType::F32)?
                     .to_vec1::<f32>()?,
@@ -116,13 +144,21 @@ impl Llama {
         if let Some(bad) = factors.iter().flatten().find(|f| !(f.is_finite() && **f > 0.0)) {
             return Err(crate::error::Error::Tensor {
                 path: g.path().into(),
-                tensor: "rope_freqs.weight".into(),
+                tensor: factors_name.into(),
                 reason: format!("a factor of {bad}; each must be a positive number"),
             });
         }
-        let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, factors.as_deref(), dev)?;
+        if !(magnitude.is_finite() && magnitude > 0.0) {
+            return Err(crate::error::Error::Metadata {
+                path: g.path().into(),
+                key: "phi3.rope.scaling.attn_factor".into(),
+                problem: format!("{magnitude} is not a positive number"),
+            });
+        }
+        let rope = Rope::new(rope_dim, hp.rope_base, hp.rope_scale, max_len, style, factors.as_deref(), dev)?
+            .with_head(hd)
+            .with_magnitude(magnitude)?;
         let host_steps = dev.is_cpu()
-            && rope.dims() == hd
             && blocks.iter().all(|b| [&b.q, &b.k, &b.v, &b.o].iter().all(|l| l.on_kernels()) && b.mlp.on_kernels());
         let scratch = host::Scratch::default();
         Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len, host_steps, scratch })

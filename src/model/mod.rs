@@ -87,6 +87,8 @@ pub enum Arch {
     Qwen3,
     /// SmolLM3: llama's block, without rotary positions in every fourth layer.
     SmolLM3,
+    /// Phi 3 and Phi-4-mini: fused q/k/v and gate/up matrices, rotary on part of each head, LongRoPE.
+    Phi3,
     Gemma3,
 }
 
@@ -97,6 +99,7 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "smollm3" => Ok(Arch::SmolLM3),
+            "phi3" => Ok(Arch::Phi3),
             "gemma3" => Ok(Arch::Gemma3),
             other => Err(Error::UnsupportedArch { path: path.to_path_buf(), arch: other.to_string() }),
         }
@@ -114,6 +117,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::SmolLM3 => "smollm3",
+            Arch::Phi3 => "phi3",
             Arch::Gemma3 => "gemma3",
         }
     }
@@ -234,6 +238,7 @@ impl Transformer {
             Arch::Qwen2 => Box::new(llama::Llama::load(g, llama::Variant::Qwen2, max_len, dev)?),
             Arch::Qwen3 => Box::new(llama::Llama::load(g, llama::Variant::Qwen3, max_len, dev)?),
             Arch::SmolLM3 => Box::new(llama::Llama::load(g, llama::Variant::SmolLM3, max_len, dev)?),
+            Arch::Phi3 => Box::new(llama::Llama::load(g, llama::Variant::Phi3, max_len, dev)?),
             Arch::Gemma3 => Box::new(gemma3::Gemma3::load(g, max_len, dev)?),
         };
         let hparams = net.hparams().clone();

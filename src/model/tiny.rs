@@ -207,7 +207,7 @@ impl Rng {
 pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
     let arch = spec.arch.as_str();
     let vocab = match spec.arch {
-        Arch::Llama | Arch::SmolLM3 => bpe_vocab("smollm"),
+        Arch::Llama | Arch::SmolLM3 | Arch::Phi3 => bpe_vocab("smollm"),
         Arch::Qwen2 | Arch::Qwen3 => bpe_vocab("qwen2"),
         Arch::Gemma3 => spm_vocab(),
     };
@@ -222,6 +222,8 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
         }
     }
     let head_dim = spec.dim / spec.heads;
+    // Phi 3 rotates three quarters of each head (Phi-4-mini: 96 of 128).
+    let rope_dims = if spec.arch == Arch::Phi3 { head_dim * 3 / 4 / 2 * 2 } else { head_dim };
     let k = |s: &str| format!("{arch}.{s}");
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
@@ -234,8 +236,13 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
         (k("attention.head_count_kv"), Value::U32(spec.kv_heads as u32)),
         (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
         (k("rope.freq_base"), Value::F32(10_000.0)),
-        (k("rope.dimension_count"), Value::U32(head_dim as u32)),
+        (k("rope.dimension_count"), Value::U32(rope_dims as u32)),
     ];
+    if spec.arch == Arch::Phi3 {
+        // LongRoPE: trained at a quarter of the context, so the long factors apply at full context.
+        meta.push((k("rope.scaling.original_context_length"), Value::U32((spec.context / 4).max(1) as u32)));
+        meta.push((k("rope.scaling.attn_factor"), Value::F32(1.19)));
+    }
     if spec.arch == Arch::Gemma3 {
         meta.push((k("attention.key_length"), Value::U32(head_dim as u32)));
         meta.push((k("attention.value_length"), Value::U32(head_dim as u32)));
@@ -270,9 +277,13 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
     for i in 0..spec.layers {
         let p = |n: &str| format!("blk.{i}.{n}");
         tensors.push((p("attn_norm.weight"), rng.norm(d)?));
-        tensors.push((p("attn_q.weight"), rng.tensor(&[q_out, d], s, wt)?));
-        tensors.push((p("attn_k.weight"), rng.tensor(&[kv_out, d], s, wt)?));
-        tensors.push((p("attn_v.weight"), rng.tensor(&[kv_out, d], s, wt)?));
+        if spec.arch == Arch::Phi3 {
+            tensors.push((p("attn_qkv.weight"), rng.tensor(&[q_out + 2 * kv_out, d], s, wt)?));
+        } else {
+            tensors.push((p("attn_q.weight"), rng.tensor(&[q_out, d], s, wt)?));
+            tensors.push((p("attn_k.weight"), rng.tensor(&[kv_out, d], s, wt)?));
+            tensors.push((p("attn_v.weight"), rng.tensor(&[kv_out, d], s, wt)?));
+        }
         tensors.push((p("attn_output.weight"), rng.tensor(&[d, q_out], s, wt)?));
         if spec.arch == Arch::Qwen2 {
             tensors.push((p("attn_q.bias"), rng.tensor(&[q_out], 0.1, GgmlDType::F32)?));
@@ -290,9 +301,20 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
             tensors.push((p("post_ffw_norm.weight"), rng.norm(d)?));
         }
         tensors.push((p("ffn_norm.weight"), rng.norm(d)?));
-        tensors.push((p("ffn_gate.weight"), rng.tensor(&[f, d], s, wt)?));
-        tensors.push((p("ffn_up.weight"), rng.tensor(&[f, d], s, wt)?));
+        if spec.arch == Arch::Phi3 {
+            tensors.push((p("ffn_up.weight"), rng.tensor(&[2 * f, d], s, wt)?));
+        } else {
+            tensors.push((p("ffn_gate.weight"), rng.tensor(&[f, d], s, wt)?));
+            tensors.push((p("ffn_up.weight"), rng.tensor(&[f, d], s, wt)?));
+        }
         tensors.push((p("ffn_down.weight"), rng.tensor(&[d, f], 1.0 / (f as f32).sqrt(), wt)?));
+    }
+    if spec.arch == Arch::Phi3 {
+        // Short factors near 1, long ones growing to 20 (slower rotations at long range).
+        let long: Vec<f32> = (0..rope_dims / 2).map(|i| 1.0 + 19.0 * i as f32 / (rope_dims / 2) as f32).collect();
+        let long = QTensor::quantize(&Tensor::from_vec(long, rope_dims / 2, &Device::Cpu)?, GgmlDType::F32)?;
+        tensors.push(("rope_factors_short.weight".into(), rng.norm(rope_dims / 2)?));
+        tensors.push(("rope_factors_long.weight".into(), long));
     }
     tensors.push(("output_norm.weight".into(), rng.norm(d)?));
     if matches!(spec.arch, Arch::Qwen2 | Arch::Qwen3) {

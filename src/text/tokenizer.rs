@@ -73,20 +73,23 @@ pub struct Tokenizer {
 // llama.cpp's pre-tokenizer regexes (applied in order, each splitting the pieces of the previous one).
 const GPT2_WORDS: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)";
+/// GPT-4o's (o200k: Phi-4-mini, Llama 4), as its tokenizer.json writes it.
+const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)";
 
 fn pre_regexes(pre: &str) -> std::result::Result<&'static [&'static str], String> {
     Ok(match pre {
         "qwen2" | "deepseek-r1-qwen" => &[QWEN2],
         "llama3" | "llama-bpe" | "smaug-bpe" => &[LLAMA3],
+        "gpt-4o" | "llama4" => &[GPT4O],
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
             &[r"\p{N}", GPT2_WORDS]
         }
         "gpt2" | "gpt-2" | "default" | "phi-2" | "jina-es" | "jina-de" => &[GPT2_WORDS],
         other => {
             return Err(format!(
-                "`{other}` is not a supported BPE pre-tokenizer (supported: qwen2, llama3, smollm, starcoder, \
-                 gpt2, default)"
+                "`{other}` is not a supported BPE pre-tokenizer (supported: qwen2, llama3, gpt-4o, smollm, \
+                 starcoder, gpt2, default)"
             ))
         }
     })
@@ -473,5 +476,30 @@ impl StreamDecoder {
         let out = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         out
+    }
+}
+
+#[cfg(test)]
+mod pre_tokenizer_tests {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    use super::*;
+
+    /// The pieces `pre`'s regexes split `text` into.
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        let mut s = PreTokenizedString::from(text);
+        for re in pre_regexes(pre).unwrap() {
+            let split =
+                Split::new(SplitPattern::Regex((*re).to_string()), SplitDelimiterBehavior::Isolated, false).unwrap();
+            split.pre_tokenize(&mut s).unwrap();
+        }
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(p, _, _)| p.to_string()).collect()
+    }
+
+    #[test]
+    fn gpt4o_splits_case_runs_contractions_and_digit_triples() {
+        // As Python's `regex` module splits it with the same pattern.
+        let want = ["Hello", "World's", " CAT'S", " ", "123", "456", "7", " naïve", " ", " x", "\n\n", "/path", " ok"];
+        assert_eq!(pieces("gpt-4o", "HelloWorld's CAT'S 1234567 naïve  x\n\n/path ok"), want);
     }
 }

@@ -30,7 +30,7 @@ pub fn tiny_model(arch: Arch) -> Model {
     Model::load(tiny_path(arch), &LoadOptions::default()).expect("load tiny model")
 }
 
-pub const ARCHS: [Arch; 5] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::SmolLM3, Arch::Gemma3];
+pub const ARCHS: [Arch; 6] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::SmolLM3, Arch::Phi3, Arch::Gemma3];
 
 /// The path of a catalog model, fetched into the cache when absent (the test model, `smollm2-135m`).
 pub fn real_model_path(name: &str) -> PathBuf {
