@@ -1,8 +1,9 @@
 //! # reagent
 //!
-//! A local-model agent with in-process inference: it loads an open-weights GGUF model (llama, qwen2, qwen3, smollm3 and
-//! gemma3 architectures) with candle, tokenizes exactly like llama.cpp, renders the model's own chat
-//! template and generates with a KV cache that can be kept across calls and rolled back.
+//! A local-model agent with in-process inference: it loads an open-weights GGUF model (llama, qwen2,
+//! qwen3, smollm3, phi3 and gemma3 architectures) with candle, tokenizes exactly like llama.cpp, renders
+//! the model's own chat template and generates with a KV cache that can be kept across calls and rolled
+//! back.
 //!
 //! ## Key types
 //! - [`Model`]: a GGUF file loaded with its tokenizer, chat template and stop tokens; implements

@@ -1,4 +1,4 @@
-//! Agent runs on the newer families' catalog files (Qwen 3, Llama 3.2, SmolLM 3). This machine cannot reach
+//! Agent runs on the newer families' catalog files (Qwen 3, Llama 3.2, SmolLM 3, Phi-4-mini). This machine cannot reach
 //! the model hub, so they are ignored here, saying so; where the hub is reachable, `cargo test --release
 //! --test families_hub -- --ignored` fetches the files and runs them. The architectures themselves are
 //! checked against llama.cpp on random-weight files in CI (benches/families/check.py).
@@ -62,4 +62,10 @@ fn smollm3_3b_thinks_then_computes_with_the_calculator() {
     let t = run("smollm3-3b", "What is 37 * 43 + 12?", 256);
     assert!(t.steps.iter().any(|s| s.thinking.is_some()));
     answers_1603(&t);
+}
+
+#[test]
+#[ignore = "needs phi4-mini from the model hub, which this machine cannot reach"]
+fn phi4_mini_computes_with_the_calculator() {
+    answers_1603(&run("phi4-mini", "What is 37 * 43 + 12?", 0));
 }
