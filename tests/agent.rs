@@ -1118,3 +1118,15 @@ fn a_thinking_model_thinks_within_its_budget_and_the_events_keep_it_apart() {
     // The decision the conversation keeps is the decision alone.
     assert!(!text.contains("<think>") && !text.contains("</think>"), "{text:?}");
 }
+
+#[test]
+fn a_think_budget_for_a_model_that_cannot_think_is_refused_before_the_run() {
+    let err = Agent::builder()
+        .driver(ScriptedDriver::new(Vec::<String>::new()))
+        .config(AgentConfig::default().think_budget(16))
+        .build()
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("think budget") && err.contains("thinking section"), "{err}");
+}

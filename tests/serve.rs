@@ -410,6 +410,12 @@ fn a_thinking_model_returns_its_thinking_as_reasoning_content() {
     let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
     let opts = ServeOptions::default().think_budget(Some(5));
     let s = Server::start(driver, opts.host("127.0.0.1".into()).port(0)).unwrap();
+    // A model that cannot think is refused at the start, not at each request.
+    let plain = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+    let plain = ModelDriver::constrained(plain, Sampling::Greedy, 0).unwrap();
+    let opts = ServeOptions::default().think_budget(Some(5)).host("127.0.0.1".into()).port(0);
+    let err = Server::start(plain, opts).err().expect("refused").to_string();
+    assert!(err.contains("think budget"), "{err}");
     let tools = weather_tools();
     let body = json!({"messages": [{"role": "user", "content": "weather in Paris"}], "tools": tools,
                       "tool_choice": "required"});

@@ -91,6 +91,11 @@ pub trait Driver: Send {
     fn supports_native(&self) -> bool {
         true
     }
+    /// Whether decisions can think first ([`DecisionRequest::think_budget`]): the model's template has a
+    /// thinking section.
+    fn supports_thinking(&self) -> bool {
+        false
+    }
     /// The fewest tokens `bytes` of text can take, and the context capacity, without tokenizing it (text
     /// far over the context is refused before it is tokenized); `None` when unbounded.
     fn prompt_bound(&mut self, _bytes: usize) -> Option<(usize, usize)> {
@@ -542,6 +547,10 @@ impl Driver for ModelDriver {
 
     fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
         self.model.catalog_entry()
+    }
+
+    fn supports_thinking(&self) -> bool {
+        self.model.chat_template().has_thinking()
     }
 
     fn supports_native(&self) -> bool {

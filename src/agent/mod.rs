@@ -370,6 +370,12 @@ impl AgentBuilder {
                  use the react format",
             ));
         }
+        if self.config.think_budget > 0 && !driver.supports_thinking() {
+            return Err(Error::param(
+                "think budget",
+                "the model's chat template has no thinking section (<think>…</think>, as Qwen 3's and SmolLM 3's)",
+            ));
+        }
         // Fails now, not mid-run, on an unknown tool choice or a bad tool set.
         let (grammar_specs, relaxed) = grammar_specs(driver.as_ref(), set.specs(), &self.config)?;
         let mut executor = Executor::new(set, self.config.tool_timeout);

@@ -139,6 +139,9 @@ pub struct Server {
 impl Server {
     /// Binds and starts serving on background threads.
     pub fn start(driver: ModelDriver, opts: ServeOptions) -> Result<Self> {
+        if opts.think_budget.is_some_and(|n| n > 0) && !crate::agent::Driver::supports_thinking(&driver) {
+            return Err(Error::param("think budget", "the model's chat template has no thinking section"));
+        }
         let loopback = matches!(opts.host.as_str(), "127.0.0.1" | "::1" | "localhost");
         if !loopback && opts.api_key.is_none() && !opts.insecure_no_auth {
             return Err(Error::param(

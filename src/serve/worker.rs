@@ -368,6 +368,9 @@ impl Driver for Shared {
     fn supports_native(&self) -> bool {
         lock(&self.0).supports_native()
     }
+    fn supports_thinking(&self) -> bool {
+        lock(&self.0).supports_thinking()
+    }
     fn prompt_bound(&mut self, bytes: usize) -> Option<(usize, usize)> {
         lock(&self.0).prompt_bound(bytes)
     }
