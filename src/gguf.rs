@@ -50,7 +50,7 @@ impl MappedTensor {
     /// Rows `start..start + count` of a matrix (one part of a fused one), in place; `None` past its end.
     pub fn rows(&self, start: usize, count: usize) -> Option<MappedTensor> {
         let rows = *self.dims.first()?;
-        let end = start.checked_add(count).filter(|&e| e <= rows && rows > 0)?;
+        let end = start.checked_add(count).filter(|&e| e <= rows && rows > 0 && self.len.is_multiple_of(rows))?;
         let row_bytes = self.len / rows;
         let mut dims = self.dims.clone();
         dims[0] = end - start;

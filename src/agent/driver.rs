@@ -196,8 +196,8 @@ impl ModelDriver {
         let reused =
             if self.reuse_prefix { self.cached.iter().zip(prompt).take_while(|(a, b)| a == b).count() } else { 0 };
         let in_cache = self.cached.len().min(self.model.cache_len());
-        if let Some(recent) = &mut self.recent {
-            if in_cache >= reused + MIN_KEPT {
+        if let Some(recent) = self.recent.as_mut().filter(|_| self.reuse_prefix) {
+            if in_cache >= reused + MIN_KEPT && recent.would_keep(in_cache) {
                 if let Some(prefix) = self.model.export_prefix(in_cache) {
                     recent.remember(&self.cached[..in_cache], prefix);
                 }
@@ -208,7 +208,8 @@ impl ModelDriver {
         self.cached.truncate(reused);
         self.model.truncate(reused);
         let mut reused = reused;
-        if let Some(prefix) = self.recent.as_mut().and_then(|r| r.recall(prompt, reused)) {
+        if let Some(prefix) = self.recent.as_mut().filter(|_| self.reuse_prefix).and_then(|r| r.recall(prompt, reused))
+        {
             if self.model.import_prefix(&prefix).is_ok() {
                 reused = prefix.len;
                 self.cached = prompt[..reused].to_vec();
@@ -431,14 +432,19 @@ impl Driver for ModelDriver {
         }
         self.thinking = req.think_budget > 0;
         let rendered = self.tokens(req.messages, req.tools)?;
-        let (prompt, thinking, thinking_tokens) = match req.think_budget {
-            0 => (rendered.clone(), None, 0),
+        let (prompt, thought) = match req.think_budget {
+            0 => (rendered.clone(), None),
             budget => {
-                let (p, text, n) = self.think(&rendered, budget)?;
-                (p, Some(text), n)
+                let (p, thought) = self.think(&rendered, budget)?;
+                (p, Some(thought))
             }
         };
         let (reused, loaded) = self.prepare_prefix(&prompt);
+        // With thinking, the decision's prompt was in the cache already: what counts is what the thinking
+        // found there.
+        let (prompt_reused, prompt_loaded) = thought.as_ref().map_or((None, loaded), |t| (Some(t.reused), t.loaded));
+        let thinking_tokens = thought.as_ref().map_or(0, |t| t.tokens);
+        let thinking = thought.map(|t| t.text);
         let mut constraint = match &self.engine {
             Some(e) => Some(e.constraint(req.grammar)?.with_branches(self.branches(req))),
             None => None,
@@ -470,8 +476,8 @@ impl Driver for ModelDriver {
         };
         let stats = DecisionStats {
             prompt_tokens: rendered.len(),
-            reused_tokens: g.stats.cached_tokens.min(rendered.len()),
-            loaded_tokens: loaded,
+            reused_tokens: prompt_reused.unwrap_or(g.stats.cached_tokens).min(rendered.len()),
+            loaded_tokens: prompt_loaded,
             generated_tokens: g.tokens.len() + thinking_tokens,
             thinking_tokens,
             forced_tokens: constraint.as_ref().map_or(0, |c| c.stats().forced_tokens),

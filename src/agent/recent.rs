@@ -12,19 +12,35 @@ use crate::model::KvPrefix;
 pub struct RecentPrefixes {
     max_bytes: usize,
     entries: Vec<(Vec<u32>, KvPrefix)>,
+    /// Bytes a position takes, once a prefix has shown it (to skip copies that could not be kept).
+    per_token: Option<usize>,
 }
 
 impl RecentPrefixes {
     /// Keeps at most `max_bytes` of keys and values.
     pub fn new(max_bytes: usize) -> Self {
-        Self { max_bytes, entries: Vec::new() }
+        Self { max_bytes, entries: Vec::new(), per_token: None }
+    }
+
+    /// Whether a prefix of `tokens` positions could be kept (before copying it).
+    pub fn would_keep(&self, tokens: usize) -> bool {
+        self.per_token.is_none_or(|b| tokens.saturating_mul(b) <= self.max_bytes)
     }
 
     /// Keeps `prefix`, the KV of `tokens`. Entries it extends are dropped; the least recently used go
     /// while the bound is passed. A prefix bigger than the bound is not kept.
     pub fn remember(&mut self, tokens: &[u32], prefix: KvPrefix) {
         let tokens = &tokens[..prefix.len.min(tokens.len())];
+        if let Some(b) = prefix.bytes().checked_div(prefix.len) {
+            self.per_token = Some(b);
+        }
         if prefix.bytes() > self.max_bytes || tokens.is_empty() {
+            return;
+        }
+        // Held already by an entry that extends it: only that entry becomes the most recent.
+        if let Some(i) = self.entries.iter().position(|(t, _)| t.starts_with(tokens)) {
+            let e = self.entries.remove(i);
+            self.entries.push(e);
             return;
         }
         self.entries.retain(|(t, _)| !tokens.starts_with(t));
@@ -46,8 +62,7 @@ impl RecentPrefixes {
             .filter(|&(_, n)| n > more_than)
             .max_by_key(|&(_, n)| n)?;
         let entry = self.entries.remove(i);
-        let mut prefix = entry.1.clone();
-        prefix.truncate(len);
+        let prefix = entry.1.prefix(len);
         self.entries.push(entry);
         Some(prefix)
     }
@@ -107,5 +122,10 @@ mod tests {
         assert!(r.recall(&[1, 2, 3, 4], 0).is_some());
         r.remember(&[9; 10], prefix(&[9; 10]));
         assert!(r.recall(&[9; 10], 0).is_none(), "bigger than the bound: not kept");
+        assert!(!r.would_keep(10) && r.would_keep(2), "known before copying");
+        // A prefix an entry already extends is not kept twice.
+        let before = r.len();
+        r.remember(&[1, 2], prefix(&[1, 2]));
+        assert_eq!(r.len(), before);
     }
 }

@@ -156,7 +156,7 @@ impl Agent {
         // A request far over the context is refused before anything is built from it.
         let bytes = conversation.iter().filter(|m| m.role != Role::Tool).map(|m| m.content.len()).sum();
         if let Some((at_least, capacity)) = self.driver.prompt_bound(bytes) {
-            let needed = at_least + self.config.max_decision_tokens;
+            let needed = at_least + self.decision_room();
             if needed > capacity {
                 let stop = StopReason::ContextOverflow { needed, capacity };
                 self.emit(AgentEvent::RunFailed { reason: stop.clone() });
@@ -530,6 +530,8 @@ impl Agent {
             };
             let out = match self.driver.decide(&req) {
                 Ok(o) => o,
+                // A generation stopped by the cancel handle (thinking returns no partial decision).
+                Err(_) if crate::limits::interrupted() => return Ok(Attempt::Stop(StopReason::Interrupted)),
                 Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
             };
             if crate::limits::interrupted() {
@@ -732,7 +734,7 @@ impl Agent {
         const SHORT: usize = 200;
         loop {
             let Some((needed, capacity)) = self.driver.measure(request, tools)? else { return Ok(None) };
-            let needed = needed + self.config.max_decision_tokens;
+            let needed = needed + self.decision_room();
             if needed <= capacity {
                 return Ok(None);
             }
@@ -796,6 +798,17 @@ fn decision_value(text: &str) -> Value {
 
 /// A step whose first decision was dropped as ungrounded and decided again: the second decision, with the
 /// figures of both generations (its branch margins are the first's, where the choice was made).
+/// Tokens a decision may add after its prompt: its own limit, and its thinking with the markers around it.
+impl Agent {
+    fn decision_room(&self) -> usize {
+        let thinking = match self.config.think_budget {
+            0 => 0,
+            n => n.saturating_add(8),
+        };
+        self.config.max_decision_tokens.saturating_add(thinking)
+    }
+}
+
 fn merge_redecided(first: Decided, mut second: Decided) -> Decided {
     second.stats.add_generation(&first.stats);
     second.stats.branch_margins = first.stats.branch_margins;

@@ -50,6 +50,10 @@ impl Weight {
     ) -> Result<Self> {
         let (_, dtype) = g.tensor_info(name)?;
         let bad = |reason: String| Error::Tensor { path: g.path().to_path_buf(), tensor: name.to_string(), reason };
+        // Rows of whole blocks, whatever path takes them: a row that splits a block is no matrix.
+        if !total[1].is_multiple_of(dtype.block_size()) {
+            return Err(bad(format!("rows of {} elements are not whole {dtype:?} blocks", total[1])));
+        }
         let m = g.mapped(name, Some(&total))?;
         let part = m
             .rows(rows.start, rows.len())

@@ -318,6 +318,23 @@ impl KvPrefix {
         self.len = len;
     }
 
+    /// A copy of the first `len` positions (all of them when there are fewer), copying only those.
+    pub fn prefix(&self, len: usize) -> KvPrefix {
+        let len = len.min(self.len);
+        let cut = |b: &Vec<f32>, d: usize| b[..(len * d).min(b.len())].to_vec();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| attention::KvBlock {
+                d: l.d,
+                len,
+                k: l.k.iter().map(|b| cut(b, l.d)).collect(),
+                v: l.v.iter().map(|b| cut(b, l.d)).collect(),
+            })
+            .collect();
+        KvPrefix { len, layers }
+    }
+
     /// Bytes the keys and values take.
     pub fn bytes(&self) -> usize {
         let floats: usize = self.layers.iter().flat_map(|l| l.k.iter().chain(&l.v)).map(Vec::len).sum();

@@ -186,7 +186,7 @@ impl Worker {
             finish_reason,
             prompt_tokens: prompt.len(),
             reasoning: None,
-            cached_tokens: cached,
+            cached_tokens: g.stats.cached_tokens.min(prompt.len()),
             completion_tokens: g.tokens.len(),
         })
     }
@@ -245,7 +245,9 @@ impl Worker {
         };
         let (content, calls, finish_reason) = match &step.decision {
             Decision::FinalAnswer { answer, .. } => {
-                let cut = format == DecisionFormat::Native && step.stats.generated_tokens >= answer_cap;
+                // The answer's own tokens (the step's count also holds thinking and any first attempt).
+                let answer_tokens = lock(&self.driver).model().tokenizer().encode(answer, false).map_or(0, |t| t.len());
+                let cut = format == DecisionFormat::Native && answer_tokens >= answer_cap;
                 (Some(answer.clone()), Vec::new(), if cut { "length" } else { "stop" })
             }
             d => (None, d.calls(), "tool_calls"),

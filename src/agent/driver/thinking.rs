@@ -11,12 +11,21 @@ use crate::decode::generate::{FinishReason, GenerateParams};
 use crate::error::{Error, Result};
 use crate::text::chat::{THINK_CLOSE, THINK_OPEN};
 
+/// A thinking span: its text, the tokens generated, and the prompt tokens it found in the KV cache and
+/// loaded from the prompt cache.
+pub(super) struct Thought {
+    pub(super) text: String,
+    pub(super) tokens: usize,
+    pub(super) reused: usize,
+    pub(super) loaded: usize,
+}
+
 impl ModelDriver {
     /// Free thinking after `prompt`: `<think>`, then at most `budget` tokens of text, then `</think>` (the
     /// model's own, or forced when the budget is spent), constrained by a grammar so that the span is
     /// always closed. Returns the prompt with the thinking and the break after it (the decision follows in
-    /// the same sequence, its KV cache reused), the thinking text, and the tokens generated.
-    pub(super) fn think(&mut self, prompt: &[u32], budget: usize) -> Result<(Vec<u32>, String, usize)> {
+    /// the same sequence, its KV cache reused), and what the span was.
+    pub(super) fn think(&mut self, prompt: &[u32], budget: usize) -> Result<(Vec<u32>, Thought)> {
         let bad = |problem: String| Error::param("think budget", problem);
         let Some(engine) = self.engine.clone() else {
             return Err(bad("thinking before a decision needs constrained decoding".into()));
@@ -33,7 +42,7 @@ impl ModelDriver {
         let mut p = prompt.to_vec();
         p.push(open);
         p.extend(tok.encode("\n", false)?);
-        let (reused, _) = self.prepare_prefix(&p);
+        let (reused, loaded) = self.prepare_prefix(&p);
         // The text cannot hold the close marker (a single token, not text), so the span ends only at it.
         let grammar = Grammar::Lark(format!(
             "start: think_text {close}\nthink_text[max_tokens={budget}]: /(?s:.*)/\n",
@@ -41,7 +50,7 @@ impl ModelDriver {
         ));
         let mut constraint = engine.constraint(&grammar)?;
         let params = GenerateParams {
-            max_tokens: budget + 4,
+            max_tokens: budget.saturating_add(4),
             sampling: self.sampling,
             seed: self.seed,
             speculate: self.speculate,
@@ -50,13 +59,17 @@ impl ModelDriver {
             ..GenerateParams::default()
         };
         let g = self.generate(&p, reused, &params, Some(&mut constraint))?;
+        if g.stop == FinishReason::Interrupted {
+            return Err(bad("the thinking was interrupted".into()));
+        }
         if !(constraint.is_finished() || g.stop == FinishReason::GrammarComplete) {
             return Err(bad(format!("the thinking did not close ({:?})", g.stop)));
         }
         let text = g.text.strip_suffix(THINK_CLOSE).unwrap_or(&g.text).trim().to_string();
         p.extend(&g.tokens);
         p.extend(tok.encode("\n\n", false)?);
-        Ok((p, text, g.tokens.len()))
+        let thought = Thought { text, tokens: g.tokens.len(), reused: g.stats.cached_tokens.min(prompt.len()), loaded };
+        Ok((p, thought))
     }
 }
 
@@ -104,8 +117,10 @@ mod tests {
                             "required": ["answer"], "additionalProperties": false});
         let grammar = Grammar::JsonSchema(schema);
         let messages = [ChatMessage::user("hello world")];
-        for budget in [1, 7, 60] {
+        for (i, budget) in [1, 7, 60].into_iter().enumerate() {
             let out = d.decide(&request(&messages, &grammar, budget)).unwrap();
+            // The first prompt was computed; later ones found it in the KV cache.
+            assert_eq!(out.stats.reused_tokens == 0, i == 0, "{:?}", out.stats);
             let thinking = out.thinking.clone().expect("a thinking span");
             // At most the budget, and the close marker (the model's own or forced).
             assert!(out.stats.thinking_tokens <= budget + 1, "{budget}: {:?}", out.stats);
