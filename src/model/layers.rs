@@ -59,12 +59,7 @@ impl Weight {
             .rows(rows.start, rows.len())
             .ok_or_else(|| bad(format!("rows {rows:?} are not inside its {} rows", total[0])))?;
         Ok(match BlockType::of(dtype) {
-            Some(t) if dev.is_cpu() => {
-                if !total[1].is_multiple_of(t.block_elems()) {
-                    return Err(bad(format!("rows of {} elements are not whole {dtype:?} blocks", total[1])));
-                }
-                Weight::Mapped { t, m: part }
-            }
+            Some(t) if dev.is_cpu() => Weight::Mapped { t, m: part },
             _ => {
                 let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
                     dtype,
