@@ -1078,15 +1078,7 @@ fn a_program_tool_that_cannot_start_is_retried_as_its_tools_file_says() {
 
 #[test]
 fn a_thinking_model_thinks_within_its_budget_and_the_events_keep_it_apart() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny-thinking.gguf");
-    let spec = reagent::model::tiny::TinySpec {
-        context: 4096,
-        thinking: true,
-        ..reagent::model::tiny::TinySpec::new(reagent::model::Arch::Qwen3)
-    };
-    reagent::model::tiny::write_tiny_gguf(&path, &spec).unwrap();
-    let model = reagent::Model::load(&path, &reagent::LoadOptions::default()).unwrap();
+    let model = reagent::Model::load(common::tiny_thinking_path(), &reagent::LoadOptions::default()).unwrap();
     let events: Events = Arc::default();
     let sink = events.clone();
     let mut a = Agent::builder()

@@ -398,15 +398,7 @@ fn conversations_taking_turns_keep_their_prefixes() {
 
 #[test]
 fn a_thinking_model_returns_its_thinking_as_reasoning_content() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny-thinking.gguf");
-    let spec = reagent::model::tiny::TinySpec {
-        context: 4096,
-        thinking: true,
-        ..reagent::model::tiny::TinySpec::new(Arch::Qwen3)
-    };
-    reagent::model::tiny::write_tiny_gguf(&path, &spec).unwrap();
-    let model = Model::load(&path, &LoadOptions::default()).unwrap();
+    let model = Model::load(common::tiny_thinking_path(), &LoadOptions::default()).unwrap();
     let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
     let opts = ServeOptions::default().think_budget(Some(5));
     let s = Server::start(driver, opts.host("127.0.0.1".into()).port(0)).unwrap();

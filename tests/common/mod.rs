@@ -52,11 +52,22 @@ pub fn require_model(name: &str) -> PathBuf {
 /// A tiny model with a 4096-token context (the tiny vocabulary is mostly single bytes, so agent prompts
 /// need room).
 pub fn tiny_long_path(arch: Arch) -> PathBuf {
-    let path = scratch().join(format!("tiny-long-{}.gguf", arch.as_str()));
+    tiny_written(&format!("tiny-long-{}", arch.as_str()), &TinySpec { context: 4096, ..TinySpec::new(arch) })
+}
+
+/// A tiny Qwen 3 model that thinks (`<think>` tokens, Qwen 3's thinking switch in its template), with a
+/// 4096-token context.
+pub fn tiny_thinking_path() -> PathBuf {
+    tiny_written("tiny-thinking", &TinySpec { context: 4096, thinking: true, ..TinySpec::new(Arch::Qwen3) })
+}
+
+/// The tiny model of `spec` under `name` in the scratch directory, written once per test binary.
+fn tiny_written(name: &str, spec: &TinySpec) -> PathBuf {
+    let path = scratch().join(format!("{name}.gguf"));
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if !path.exists() {
-        write_tiny_gguf(&path, &TinySpec { context: 4096, ..TinySpec::new(arch) }).expect("write tiny gguf");
+        write_tiny_gguf(&path, spec).expect("write tiny gguf");
     }
     path
 }
