@@ -68,11 +68,33 @@ pub enum Role {
 pub struct ChatMessage {
     pub role: Role,
     pub content: String,
+    /// An assistant turn's calls, which the template renders in the model's own syntax (the Hugging Face
+    /// `tool_calls`; see [`ChatMessage::calls`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatCall>,
+}
+
+/// One call of an assistant turn: the tool's name and its arguments (a JSON object).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ChatCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl ChatCall {
+    pub fn new(name: impl Into<String>, arguments: serde_json::Value) -> Self {
+        Self { name: name.into(), arguments }
+    }
 }
 
 impl ChatMessage {
     pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Self { role, content: content.into() }
+        Self { role, content: content.into(), tool_calls: Vec::new() }
+    }
+    /// An assistant turn that makes `calls` (no text).
+    pub fn calls(calls: Vec<ChatCall>) -> Self {
+        Self { role: Role::Assistant, content: String::new(), tool_calls: calls }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new(Role::System, content)
@@ -218,8 +240,18 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String> {
+        let values = template_messages(messages, |_, m| m.content.clone(), |_, _, c| c.arguments.clone());
+        self.render_values(values, add_generation_prompt, tools)
+    }
+
+    fn render_values(
+        &self,
+        messages: Vec<serde_json::Value>,
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String> {
         self.env.get_template("chat").map_err(|e| self.error(e.to_string(), Some(e)))?;
-        let (env, messages, tools) = (self.env.clone(), messages.to_vec(), tools.cloned());
+        let (env, tools) = (self.env.clone(), tools.cloned());
         let (bos, eos) = (self.bos.clone(), self.eos.clone());
         let thinking = self.enable_thinking;
         // Fuel bounds the instructions; the memory budget bounds what a few instructions can ask for.
@@ -256,10 +288,50 @@ impl ChatTemplate {
 const OPEN: char = '\u{F8F0}';
 const CLOSE: char = '\u{F8F1}';
 
+/// A piece of rendered template text: the template's own (where control tokens may be written) or a
+/// message's (content, a call's arguments), which is always plain text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Template(String),
+    Text(String),
+}
+
+/// A conversation as templates see it (the Hugging Face shape: an assistant turn's calls are `tool_calls`,
+/// each `{"type": "function", "function": {"name", "arguments"}}`); `arguments` gives each call's
+/// arguments value, by message and call.
+fn template_messages(
+    messages: &[ChatMessage],
+    mut content: impl FnMut(usize, &ChatMessage) -> String,
+    mut arguments: impl FnMut(usize, usize, &ChatCall) -> serde_json::Value,
+) -> Vec<serde_json::Value> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut v = serde_json::json!({"role": m.role, "content": content(i, m)});
+            if !m.tool_calls.is_empty() {
+                let calls: Vec<serde_json::Value> = m
+                    .tool_calls
+                    .iter()
+                    .enumerate()
+                    .map(|(j, c)| {
+                        serde_json::json!({"type": "function", "function": {
+                            "name": c.name, "arguments": arguments(i, j, c)
+                        }})
+                    })
+                    .collect();
+                v["tool_calls"] = serde_json::Value::Array(calls);
+            }
+            v
+        })
+        .collect()
+}
+
 impl ChatTemplate {
     /// Renders and tokenizes a conversation so that only the template's own text can produce control
-    /// tokens: the template output is encoded with special-token parsing on, every message's content with
-    /// it off. A tool output or user text containing `<|im_end|>` stays plain text.
+    /// tokens: the template output is encoded with special-token parsing on, every message's content and
+    /// every call's arguments with it off. A tool output or user text containing `<|im_end|>` stays plain
+    /// text.
     pub fn render_tokens(
         &self,
         tok: &Tokenizer,
@@ -267,36 +339,68 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>> {
-        let marked: Vec<ChatMessage> =
-            messages.iter().enumerate().map(|(i, m)| ChatMessage::new(m.role, format!("{OPEN}{i}{CLOSE}"))).collect();
-        let text = self.render(&marked, add_generation_prompt, tools)?;
+        let pieces = self.render_pieces(messages, add_generation_prompt, tools)?;
+        let spans: Vec<(&str, bool)> = pieces
+            .iter()
+            .map(|p| match p {
+                Piece::Template(t) => (t.as_str(), true),
+                Piece::Text(t) => (t.as_str(), false),
+            })
+            .collect();
+        tok.encode_spans(&spans)
+    }
+
+    /// The rendering of [`render_tokens`](Self::render_tokens), in pieces: each message's content and each
+    /// call's arguments (as `tojson` writes them) go through the template as markers and come back as
+    /// [`Piece::Text`]. A template that quotes an arguments marker (`tojson` of a string) has the quotes
+    /// taken off; one that reads into the arguments (their keys) renders differently from
+    /// [`render`](Self::render), which the call syntax's probe checks.
+    pub fn render_pieces(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<Piece>> {
+        let marked = template_messages(
+            messages,
+            // Empty content stays empty: templates test it (`{% if message.content %}`).
+            |i, m| if m.content.is_empty() { String::new() } else { format!("{OPEN}{i}{CLOSE}") },
+            |i, j, _| serde_json::Value::String(format!("{OPEN}{i}.{j}{CLOSE}")),
+        );
+        let text = self.render_values(marked, add_generation_prompt, tools)?;
+        let altered = || self.error("template altered a message marker".into(), None);
         let mut out = Vec::new();
         let mut rest = text.as_str();
         while let Some(start) = rest.find(OPEN) {
-            out.extend(tok.encode(&rest[..start], true)?);
+            let mut before = &rest[..start];
             let after = &rest[start + OPEN.len_utf8()..];
-            let end = after.find(CLOSE).ok_or_else(|| Error::ChatTemplate {
-                origin: None,
-                problem: "template split a message marker".into(),
-                source: None,
-            })?;
-            let index: usize = after[..end].parse().map_err(|_| Error::ChatTemplate {
-                origin: None,
-                problem: "template altered a message marker".into(),
-                source: None,
-            })?;
-            let content = &messages
-                .get(index)
-                .ok_or_else(|| Error::ChatTemplate {
-                    origin: None,
-                    problem: "template altered a message marker".into(),
-                    source: None,
-                })?
-                .content;
-            out.extend(tok.encode(content, false)?);
-            rest = &after[end + CLOSE.len_utf8()..];
+            let end = after.find(CLOSE).ok_or_else(|| self.error("template split a message marker".into(), None))?;
+            let mut next = &after[end + CLOSE.len_utf8()..];
+            let text = match after[..end].split_once('.') {
+                None => {
+                    let i: usize = after[..end].parse().map_err(|_| altered())?;
+                    messages.get(i).ok_or_else(altered)?.content.clone()
+                }
+                Some((i, j)) => {
+                    let (i, j): (usize, usize) = (i.parse().map_err(|_| altered())?, j.parse().map_err(|_| altered())?);
+                    let call = messages.get(i).and_then(|m| m.tool_calls.get(j)).ok_or_else(altered)?;
+                    if let (Some(b), Some(n)) = (before.strip_suffix('"'), next.strip_prefix('"')) {
+                        (before, next) = (b, n);
+                    }
+                    python_json(&call.arguments)
+                }
+            };
+            if !before.is_empty() {
+                out.push(Piece::Template(before.to_string()));
+            }
+            if !text.is_empty() {
+                out.push(Piece::Text(text));
+            }
+            rest = next;
         }
-        out.extend(tok.encode(rest, true)?);
+        if !rest.is_empty() {
+            out.push(Piece::Template(rest.to_string()));
+        }
         Ok(out)
     }
 }

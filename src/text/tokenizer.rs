@@ -259,17 +259,55 @@ impl Tokenizer {
         for frag in self.partition(text, parse_special) {
             match frag {
                 Fragment::Token(id) => out.push(id),
-                Fragment::Text(s) => match &self.engine {
-                    Engine::Bpe(tok) => {
-                        let enc = tok.encode(s, false).map_err(encode_error)?;
-                        out.extend_from_slice(enc.get_ids());
-                    }
-                    Engine::Spm(spm) => spm.encode(s, &mut out),
-                    Engine::HfJson(_) => unreachable!("handled above"),
-                },
+                Fragment::Text(s) => self.encode_text(s, &mut out)?,
             }
         }
         Ok(out)
+    }
+
+    /// Encodes a text made of spans, each with its own special-token parsing (a chat template's own text
+    /// with it on, a message's content with it off), as one text: each span's special tokens are found
+    /// in that span alone, and the text between special tokens is encoded across span boundaries, as
+    /// the whole rendered text is (a span boundary inside `: {"` splits no token).
+    pub fn encode_spans(&self, spans: &[(&str, bool)]) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        if let Engine::HfJson(_) = &self.engine {
+            for (text, parse_special) in spans {
+                out.extend(self.encode(text, *parse_special)?);
+            }
+            return Ok(out);
+        }
+        let mut run = String::new();
+        for (text, parse_special) in spans {
+            for frag in self.partition(text, *parse_special) {
+                match frag {
+                    Fragment::Token(id) => {
+                        self.encode_text(&run, &mut out)?;
+                        run.clear();
+                        out.push(id);
+                    }
+                    Fragment::Text(s) => run.push_str(s),
+                }
+            }
+        }
+        self.encode_text(&run, &mut out)?;
+        Ok(out)
+    }
+
+    /// Encodes text that holds no special token (the text between them).
+    fn encode_text(&self, s: &str, out: &mut Vec<u32>) -> Result<()> {
+        if s.is_empty() {
+            return Ok(());
+        }
+        match &self.engine {
+            Engine::Bpe(tok) => {
+                let enc = tok.encode(s, false).map_err(encode_error)?;
+                out.extend_from_slice(enc.get_ids());
+            }
+            Engine::Spm(spm) => spm.encode(s, out),
+            Engine::HfJson(_) => unreachable!("tokenizer.json texts are encoded whole"),
+        }
+        Ok(())
     }
 
     /// Splits text around special tokens, longest token first, as llama.cpp's `tokenizer_st_partition`.

@@ -52,6 +52,12 @@ impl ToolCall {
     }
 }
 
+impl From<ToolCall> for crate::text::chat::ChatCall {
+    fn from(c: ToolCall) -> Self {
+        Self::new(c.tool, c.args)
+    }
+}
+
 /// A tool's public description: its name, what it does, and the JSON schema of its arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
