@@ -434,6 +434,10 @@ pub(crate) struct ModelArgs {
     /// Use this tokenizer.json instead of the tokenizer in the GGUF file.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) tokenizer_json: Option<PathBuf>,
+    /// Use this Jinja chat template instead of the GGUF file's (one that renders tools and calls, where
+    /// the file's own does not).
+    #[arg(long, help_heading = ADVANCED)]
+    pub(crate) chat_template: Option<PathBuf>,
     /// Cap on the context window (tokens).
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) context: Option<usize>,

@@ -99,7 +99,10 @@ fn load(a: &ModelArgs) -> Result<Model> {
     let cat = Catalog::builtin();
     let name = a.model.clone().unwrap_or_else(|| cat.default.clone());
     let path = catalog::resolve(&cat, &name, &FetchOptions::default())?;
-    let opts = LoadOptions::default().max_context(a.context).tokenizer_json(a.tokenizer_json.clone());
+    let opts = LoadOptions::default()
+        .max_context(a.context)
+        .tokenizer_json(a.tokenizer_json.clone())
+        .chat_template(a.chat_template.clone());
     Ok(Model::load(&path, &opts)?)
 }
 

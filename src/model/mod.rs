@@ -169,6 +169,10 @@ pub struct LoadOptions {
     pub max_context: Option<usize>,
     /// Use this tokenizer.json instead of the GGUF's tokenizer.
     pub tokenizer_json: Option<PathBuf>,
+    /// Use this Jinja chat template instead of the GGUF's `tokenizer.chat_template`: one that renders tools
+    /// and calls where the file's own does not (Phi-4-mini's takes its tools in a system message's text
+    /// and renders no calls), or a fixed one.
+    pub chat_template: Option<PathBuf>,
     /// Compute every matrix product in f32 on dequantized weights, decode steps included: slow, and the
     /// reference the quantized kernels are tested against.
     pub f32_reference: bool,
@@ -183,7 +187,14 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         let huge_pages = std::env::var("REAGENT_HUGE_PAGES").map_or(true, |v| v != "0");
-        Self { device: Device::Cpu, max_context: None, tokenizer_json: None, f32_reference: false, huge_pages }
+        Self {
+            device: Device::Cpu,
+            max_context: None,
+            tokenizer_json: None,
+            chat_template: None,
+            f32_reference: false,
+            huge_pages,
+        }
     }
 }
 
@@ -191,6 +202,7 @@ setters!(LoadOptions {
     device: Device,
     max_context: Option<usize>,
     tokenizer_json: Option<PathBuf>,
+    chat_template: Option<PathBuf>,
     f32_reference: bool,
     huge_pages: bool,
 });

@@ -19,6 +19,9 @@ pub struct Model {
     stop_tokens: Vec<u32>,
 }
 
+/// The largest chat template file read ([`LoadOptions::chat_template`]): templates are a few KB.
+const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+
 impl Model {
     /// Loads a GGUF file: an unsupported architecture is reported first, then tokenizer errors, then
     /// weights.
@@ -40,16 +43,16 @@ impl Model {
                 reason: format!("{rows} rows, but the tokenizer has {} tokens", tokenizer.vocab_size()),
             });
         }
-        let template = match g.str_opt("tokenizer.chat_template")? {
-            Some(t) => t.to_string(),
-            None => chat::fallback_template(arch.as_str()).to_string(),
+        let (template, origin) = match (&opts.chat_template, g.str_opt("tokenizer.chat_template")?) {
+            (Some(p), _) => (crate::limits::read_input(p, MAX_TEMPLATE_BYTES)?, p.display().to_string()),
+            (None, Some(t)) => (t.to_string(), path.display().to_string()),
+            (None, None) => (chat::fallback_template(arch.as_str()).to_string(), path.display().to_string()),
         };
         let eot = match g.get("tokenizer.ggml.eot_token_id") {
             Some(_) => g.u64("tokenizer.ggml.eot_token_id").ok().map(|id| id as u32),
             None => None,
         };
         let stop_tokens = chat::stop_tokens(&tokenizer, eot);
-        let origin = path.display().to_string();
         let chat = ChatTemplate::new(&template, &tokenizer)
             .map_err(|e| match e {
                 Error::ChatTemplate { origin: None, problem, source } => {
