@@ -494,7 +494,11 @@ fn runnable(specs: Vec<ToolSpec>, config: &AgentConfig) -> std::result::Result<V
     let checked =
         crate::agent::decision::decision_schema(&specs, choice, opts).and_then(|schema| match config.format {
             DecisionFormat::React => crate::agent::decision::DecisionValidator::new(&schema).map(|_| ()),
-            DecisionFormat::Native => crate::agent::native::native_grammar(&specs, choice, opts).map(|_| ()),
+            DecisionFormat::Native => {
+                // The tools' schemas are what is checked: any syntax's grammar holds the same.
+                let syntax = crate::agent::native::CallSyntax::hermes();
+                crate::agent::native::native_grammar(&specs, choice, opts, &syntax).map(|_| ())
+            }
         });
     checked.map(|_| specs).map_err(|e| e.to_string())
 }

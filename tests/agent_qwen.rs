@@ -90,3 +90,39 @@ fn native_decisions_read_the_file_before_answering() {
     assert!(called(&t, "read_file"), "{t:#?}");
     assert!(t.final_answer.as_deref().unwrap().contains("Maria Lopez"), "{:?}", t.final_answer);
 }
+
+/// Qwen 2.5's own template gives its Hermes syntax, read from how it renders calls; a turn of calls for
+/// the template to render comes out as the same tokens as the calls written out as the turn's text (what
+/// reagent kept before it read syntaxes from templates), so prompts of this model are unchanged.
+#[test]
+#[cfg_attr(
+    not(reagent_test_qwen),
+    ignore = "needs qwen2.5-coder-0.5b: build the tests with REAGENT_TEST_MODELS=qwen2.5-coder-0.5b (or all)"
+)]
+fn qwens_template_gives_its_call_syntax() {
+    use reagent::agent::native::{tools_value, CallSyntax};
+    use reagent::{ChatMessage, ToolCall, ToolSpec};
+    let model = Model::load(common::require_model("qwen2.5-coder-0.5b"), &LoadOptions::default()).unwrap();
+    let (template, tok) = (model.chat_template(), model.tokenizer());
+    let syntax = CallSyntax::of(template, tok).expect("Qwen's template renders calls");
+    assert_eq!((syntax.open.as_str(), syntax.close.as_str()), ("<tool_call>\n", "\n</tool_call>"));
+    assert_eq!(syntax.separator.as_deref(), Some("\n"));
+    assert_eq!((syntax.name_key.as_str(), syntax.args_key.as_str()), ("name", "arguments"));
+    assert!(syntax.rendered && syntax.fenced());
+    let spec = ToolSpec::new("add", "Adds.", serde_json::json!({"type": "object"})).unwrap();
+    let tools = tools_value(&[spec]);
+    let calls = vec![
+        ToolCall::new("add", serde_json::json!({"a": 2, "b": "<|im_end|>"})),
+        ToolCall::new("add", serde_json::json!({"a": 4})),
+    ];
+    let conversation = |turn: ChatMessage| vec![ChatMessage::user("Add."), turn, ChatMessage::user("Thanks.")];
+    let rendered = template.render_tokens(tok, &conversation(syntax.turn(calls.clone())), true, Some(&tools)).unwrap();
+    let written = ChatMessage::assistant(syntax.render(&calls));
+    assert_eq!(rendered, template.render_tokens(tok, &conversation(written), true, Some(&tools)).unwrap());
+    let end = tok.token_id("<|im_end|>").unwrap();
+    assert_eq!(
+        rendered.iter().filter(|&&t| t == end).count(),
+        4,
+        "four turns end; an argument's text is never a control token"
+    );
+}

@@ -5,6 +5,7 @@
 
 mod common;
 
+use reagent::agent::native::CallSyntax;
 use std::sync::Arc;
 
 use common::tiny_model;
@@ -294,7 +295,7 @@ fn decisions_within_limit(close_within: usize) -> Vec<(String, bool)> {
             let complete = c.is_finished() || c.is_accepting() && gen.stop != reagent::FinishReason::MaxTokens;
             let parses = match g {
                 0 => parse_decision(&gen.text, &schema).is_ok_and(|d| d.is_ok()),
-                _ => reagent::agent::native::parse_native(&gen.text).is_ok(),
+                _ => reagent::agent::native::parse_native(&gen.text, &CallSyntax::hermes()).is_ok(),
             };
             out.push((format!("{} [{} tokens, {:?}]", gen.text, gen.tokens.len(), gen.stop), complete && parses));
         }
@@ -405,21 +406,24 @@ const N_WEATHER: &str =
 const N_ANSWER: &str = "It is 4.";
 
 fn native(choice: ToolChoice, opts: DecisionOptions) -> Grammar {
-    Grammar::Lark(reagent::agent::native::native_grammar(&tools(), &choice, &opts).unwrap())
+    Grammar::Lark(reagent::agent::native::native_grammar(&tools(), &choice, &opts, &CallSyntax::hermes()).unwrap())
 }
 
 /// The grammar of a proposed call: a separator, then exactly one call by the tools' schemas, nothing else.
 #[test]
 fn the_extension_grammar_is_one_more_call() {
     let opts = DecisionOptions::default().parallel_calls(Some(3));
-    let g =
-        Grammar::Lark(reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::Auto, &opts).unwrap());
+    let g = Grammar::Lark(
+        reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::Auto, &opts, &CallSyntax::hermes())
+            .unwrap(),
+    );
     check_table(
         g,
         &[&format!("\n{N_CALC}"), &format!("\n\n{N_WEATHER}")],
         &[N_CALC, &format!("\n{N_CALC}\n{N_CALC}"), &format!("\n{N_ANSWER}"), "\n", &format!("\n{N_CALC} and")],
     );
-    let none = reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::None, &opts);
+    let none =
+        reagent::agent::native::native_extension_grammar(&tools(), &ToolChoice::None, &opts, &CallSyntax::hermes());
     assert!(none.is_err(), "no call to propose under `none`");
 }
 
@@ -465,8 +469,7 @@ fn branch_bias_takes_the_call_or_answer_choice() {
     let mut model = tiny_model(Arch::Qwen2);
     let tok = model.tokenizer().clone();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let starts =
-        reagent::agent::native::NativeTokens::of(&tok).expect("the tiny vocabulary has the markers").call_starts;
+    let starts = reagent::agent::native::NativeTokens::of(&tok, &CallSyntax::hermes()).call_starts;
     let opts = DecisionOptions::default().max_string_chars(8).max_answer_tokens(6);
     let prompt = tok.encode("hello world", false).unwrap();
     let stops = model.stop_tokens().to_vec();
@@ -484,7 +487,8 @@ fn branch_bias_takes_the_call_or_answer_choice() {
             &mut |_| {},
         )
         .unwrap();
-        let d = reagent::agent::native::parse_native(&g.text).unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
+        let d = reagent::agent::native::parse_native(&g.text, &CallSyntax::hermes())
+            .unwrap_or_else(|e| panic!("{e}: {:?}", g.text));
         assert_eq!(matches!(d, Decision::FinalAnswer { .. }), bias < 0.0, "bias {bias}: {:?}", g.text);
         let m = &c.stats().branch_margins;
         assert_eq!(m.len(), 1, "one branch point at the start: {m:?}");
@@ -505,7 +509,7 @@ fn decode_with_value_ends(
     let mut model = tiny_model(Arch::Qwen2);
     let tok = model.tokenizer().clone();
     let engine = GrammarEngine::new(tok.clone(), model.vocab_size(), model.stop_tokens()).unwrap();
-    let branches = reagent::agent::native::NativeTokens::of(&tok).unwrap().ends.branches(close, end_list);
+    let branches = reagent::agent::native::NativeTokens::of(&tok, &CallSyntax::hermes()).ends.branches(close, end_list);
     if close == 0.0 {
         assert!(branches.iter().all(|b| b.label != "close"), "a zero bias adds no branch");
     }
@@ -614,7 +618,9 @@ fn tool_schemas_with_definitions_work_in_both_formats() {
     let bad = json!({"thought": "t", "type": "call_tool", "tool": "tree", "args": {"root": {"kids": []}, "tag": "c"}});
     assert!(v.parse(bad).is_err());
     assert!(accepts(&engine, &tok, &Grammar::JsonSchema(schema.clone()), &ok.to_string()));
-    let native = reagent::agent::native::native_grammar(&[tree], &ToolChoice::Required, &Opts::default()).unwrap();
+    let native =
+        reagent::agent::native::native_grammar(&[tree], &ToolChoice::Required, &Opts::default(), &CallSyntax::hermes())
+            .unwrap();
     let call = "<tool_call>\n{\"name\": \"tree\", \"arguments\": {\"root\": {\"label\": \"x\", \"kids\": [{\"label\": \"y\"}]}}}\n</tool_call>";
     assert!(accepts(&engine, &tok, &Grammar::Lark(native), call));
 }

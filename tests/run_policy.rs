@@ -291,9 +291,6 @@ impl Driver for CatalogDriver {
     fn decide(&mut self, req: &reagent::agent::DecisionRequest<'_>) -> reagent::Result<DriverOutput> {
         self.0.decide(req)
     }
-    fn supports_native(&self) -> bool {
-        true
-    }
     fn catalog_entry(&self) -> Option<reagent::catalog::CatalogEntry> {
         Catalog::builtin().get(self.1).cloned()
     }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::decision::{BranchBiases, DecisionFormat};
 use super::events::DecisionStats;
-use super::native::{self, NativeTokens};
+use super::native::{CallSyntax, NativeTokens};
 use super::recent::RecentPrefixes;
 use crate::decode::constraint::{Allowed, BranchBias, BranchPoint, Constraint, Grammar, GrammarEngine};
 use crate::decode::generate::{generate, FinishReason, GenerateParams, Generation, Request};
@@ -87,10 +87,15 @@ pub trait Driver: Send {
     fn measure(&mut self, _messages: &[ChatMessage], _tools: Option<&Value>) -> Result<Option<(usize, usize)>> {
         Ok(None)
     }
-    /// Whether decisions can be made in the native format (the model's template renders tools and its
-    /// tokenizer has the call markers).
+    /// The model's own call syntax, for decisions in the native format: read from its chat template
+    /// ([`CallSyntax::of`]); `None` when the template neither renders nor describes calls. Qwen 2.5's
+    /// by default.
+    fn call_syntax(&self) -> Option<CallSyntax> {
+        Some(CallSyntax::hermes())
+    }
+    /// Whether decisions can be made in the native format ([`call_syntax`](Self::call_syntax)).
     fn supports_native(&self) -> bool {
-        true
+        self.call_syntax().is_some()
     }
     /// Whether decisions can think first ([`DecisionRequest::think_budget`]): the model's template has a
     /// thinking section.
@@ -129,6 +134,8 @@ pub struct ModelDriver {
     reuse_prefix: bool,
     /// [`GenerateParams::speculate`] of every generation.
     speculate: usize,
+    /// The model's call syntax (a probe of its template, done once).
+    call_syntax: std::sync::OnceLock<Option<CallSyntax>>,
     /// The native format's branch tokens (a vocabulary scan, done once).
     native_tokens: std::sync::OnceLock<Option<NativeTokens>>,
     /// The tokens that start a ReAct decision's `type`: a call's, an answer's (a vocabulary scan, done once).
@@ -167,6 +174,7 @@ impl ModelDriver {
             prompt_len: 0,
             reuse_prefix: true,
             speculate: crate::decode::generate::SPECULATE,
+            call_syntax: Default::default(),
             native_tokens: Default::default(),
             react_tokens: Default::default(),
             longest_token: Default::default(),
@@ -251,6 +259,24 @@ impl ModelDriver {
         generated
     }
 
+    /// A generation's text, with the control tokens it wrote other than those that end it: a call
+    /// syntax's markers may be control tokens (`<|tool_call|>`), which plain text leaves out.
+    fn text_of(&self, g: Generation) -> String {
+        let (tok, stops) = (self.model.tokenizer(), self.model.stop_tokens());
+        let kept = |t: &&u32| !stops.contains(t);
+        if !g.tokens.iter().filter(kept).any(|&t| tok.is_special(t)) {
+            return g.text;
+        }
+        let ids: Vec<u32> = g.tokens.iter().filter(kept).copied().collect();
+        tok.decode(&ids, true).unwrap_or(g.text)
+    }
+
+    /// The model's call syntax, read from its template once.
+    fn syntax(&self) -> Option<&CallSyntax> {
+        let model = &self.model;
+        self.call_syntax.get_or_init(|| CallSyntax::of(model.chat_template(), model.tokenizer())).as_ref()
+    }
+
     /// The branch biases of a native decision: on the tokens that start a call, at the start (call or
     /// answer), on the end of the turn after each call (stop or call again), and where an argument value
     /// can end: close the object or add an optional argument; end an array or add an item; inside a
@@ -269,7 +295,8 @@ impl ModelDriver {
                 when: Allowed::Within(t.within.clone()),
             }];
         }
-        let Some(t) = self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())) else {
+        let tokens = || Some(NativeTokens::of(self.model.tokenizer(), self.syntax()?));
+        let Some(t) = self.native_tokens.get_or_init(tokens) else {
             return Vec::new();
         };
         let BranchBiases { call, more_calls, close, end_list } = req.biases;
@@ -373,7 +400,7 @@ impl Driver for ModelDriver {
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: constraint.as_ref().map(|c| c.stats().branch_margins.clone()).unwrap_or_default(),
         };
-        Ok(DriverOutput { text: g.text, thinking, complete, stats })
+        Ok(DriverOutput { text: self.text_of(g), thinking, complete, stats })
     }
 
     fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
@@ -407,7 +434,7 @@ impl Driver for ModelDriver {
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: Vec::new(),
         };
-        Ok(Some(DriverOutput { text: g.text, thinking: None, complete, stats }))
+        Ok(Some(DriverOutput { text: self.text_of(g), thinking: None, complete, stats }))
     }
 
     fn observation_role(&self) -> Role {
@@ -446,9 +473,8 @@ impl Driver for ModelDriver {
         self.model.chat_template().has_thinking()
     }
 
-    fn supports_native(&self) -> bool {
-        native::template_supports_native(self.model.chat_template().source())
-            && self.native_tokens.get_or_init(|| NativeTokens::of(self.model.tokenizer())).is_some()
+    fn call_syntax(&self) -> Option<CallSyntax> {
+        self.syntax().cloned()
     }
 }
 

@@ -366,7 +366,7 @@ impl AgentBuilder {
         if self.config.format == DecisionFormat::Native && !driver.supports_native() {
             return Err(Error::param(
                 "decision format",
-                "native needs a chat template that renders tools and the model's call markers (Qwen 2.5's); \
+                "native needs a chat template that renders or describes tool calls (Qwen's, Llama 3.x's); \
                  use the react format",
             ));
         }
@@ -377,13 +377,21 @@ impl AgentBuilder {
             ));
         }
         // Fails now, not mid-run, on an unknown tool choice or a bad tool set.
-        let (grammar_specs, relaxed) = grammar_specs(driver.as_ref(), set.specs(), &self.config)?;
+        let syntax = driver.call_syntax().unwrap_or_else(native::CallSyntax::hermes);
+        let (grammar_specs, relaxed) = grammar_specs(driver.as_ref(), set.specs(), &self.config, &syntax)?;
         let mut executor = Executor::new(set, self.config.tool_timeout);
         for i in self.interceptors {
             executor.intercept(i);
         }
-        let mut agent =
-            Agent { driver, executor, grammar_specs, config: self.config, sink: self.sink, cancel: self.cancel };
+        let mut agent = Agent {
+            driver,
+            executor,
+            grammar_specs,
+            config: self.config,
+            syntax,
+            sink: self.sink,
+            cancel: self.cancel,
+        };
         for (tool, reason) in relaxed {
             agent.emit(AgentEvent::ArgsRelaxed { tool, reason });
         }
@@ -403,8 +411,9 @@ fn grammar_specs(
     driver: &dyn Driver,
     mut specs: Vec<crate::tools::ToolSpec>,
     config: &AgentConfig,
+    syntax: &native::CallSyntax,
 ) -> Result<(Vec<crate::tools::ToolSpec>, Vec<Relaxed>)> {
-    let whole = StepGrammar::new(&specs, &config.tool_choice, config)?;
+    let whole = StepGrammar::new(&specs, &config.tool_choice, config, syntax)?;
     let Err(first_error) = driver.check_grammar(&whole.grammar) else { return Ok((specs, Vec::new())) };
     let compiles = |params: &Value| {
         let args = decision::bounded_args(params, &config.decision);
@@ -424,7 +433,7 @@ fn grammar_specs(
     if relaxed.is_empty() {
         return Err(first_error);
     }
-    let whole = StepGrammar::new(&specs, &config.tool_choice, config)?;
+    let whole = StepGrammar::new(&specs, &config.tool_choice, config, syntax)?;
     driver.check_grammar(&whole.grammar)?;
     Ok((specs, relaxed))
 }
@@ -457,6 +466,8 @@ pub struct Agent {
     /// The specs the decision grammar is built from (see [`grammar_specs`]).
     grammar_specs: Vec<crate::tools::ToolSpec>,
     config: AgentConfig,
+    /// The model's call syntax, for native decisions ([`Driver::call_syntax`]).
+    syntax: native::CallSyntax,
     sink: Option<Box<dyn EventSink>>,
     cancel: Cancel,
 }

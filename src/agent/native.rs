@@ -10,11 +10,12 @@
 //! </tool_call>
 //! ```
 //!
-//! blocks, separated by a newline, or with plain text. In this format a decision is constrained by a Lark
-//! grammar ([`native_grammar`]): either calls, each naming a registered tool with arguments that satisfy its
-//! schema (an inline `%json` schema per call), or an answer. The `<tool_call>` markers are the tokenizer's
-//! own user-defined tokens, so the choice between calling and answering is made at one token, where a
-//! [`BranchBias`] sets the threshold (see [`NativeTokens`]).
+//! blocks, separated by a newline, or with plain text; Llama 3.x answers with a bare
+//! `{"name": …, "parameters": …}` object, one a turn. [`CallSyntax`] reads a model's syntax from its
+//! template. In this format a decision is constrained by a Lark grammar ([`native_grammar`]): either
+//! calls, each naming a registered tool with arguments that satisfy its schema (an inline `%json` schema
+//! per call), or an answer. Where the call markers are tokens of their own, the choice between calling
+//! and answering is made at one token, where a [`BranchBias`] sets the threshold (see [`NativeTokens`]).
 //! [`parse_native`] reads the output back into the same [`Decision`] the ReAct format produces.
 
 use serde_json::{json, Value};
@@ -22,31 +23,27 @@ use serde_json::{json, Value};
 use super::decision::{hoisted_args, Decision, DecisionOptions, ToolChoice};
 use crate::decode::constraint::{Allowed, BranchBias, BranchPoint};
 use crate::error::{Error, Result};
-use crate::text::tokenizer::Tokenizer;
+use crate::text::tokenizer::{TokenKind, Tokenizer};
 use crate::tools::{ToolCall, ToolSpec};
 
-/// The opening and closing markers of one call.
-pub const CALL_OPEN: &str = "<tool_call>";
-pub const CALL_CLOSE: &str = "</tool_call>";
+mod syntax;
 
-/// Whether a chat template renders tools in the native call format (Qwen 2.5 and its derivatives).
-pub fn template_supports_native(source: &str) -> bool {
-    source.contains("tools") && source.contains(CALL_OPEN) && source.contains(CALL_CLOSE)
-}
+pub use syntax::{CallSyntax, CALL_CLOSE, CALL_OPEN};
 
 /// The opening and closing of a call written as a fenced JSON block, the form Qwen 2.5 Coder models
-/// often use instead of the markers.
+/// often use instead of the markers (see [`CallSyntax::fenced`]).
 pub const FENCE_OPEN: &str = "```json\n";
 pub const FENCE_CLOSE: &str = "\n```";
 
-/// The tokens where a native decision branches, when the tokenizer has the call markers as single tokens.
+/// The tokens where a native decision branches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NativeTokens {
-    /// Tokens that can start a call: the open marker and the tokens that are prefixes of [`FENCE_OPEN`].
+    /// Tokens that can start a call: the open marker (or the tokens that begin the call's text, where it
+    /// has no marker) and the tokens that are prefixes of [`FENCE_OPEN`].
     pub call_starts: Vec<u32>,
-    /// Tokens that can end a call: the close marker and the tokens that are suffixes of [`FENCE_CLOSE`]
-    /// ending in the fence.
+    /// Tokens that can end a call: the close marker (where it has one) and the tokens that are suffixes of
+    /// [`FENCE_CLOSE`] ending in the fence.
     pub call_ends: Vec<u32>,
     /// Tokens that can follow a JSON value (see [`ValueEnds`]).
     pub ends: ValueEnds,
@@ -122,29 +119,36 @@ impl ValueEnds {
 }
 
 impl NativeTokens {
-    /// Looks the markers up; `None` when either is not one token of the vocabulary.
-    pub fn of(tok: &Tokenizer) -> Option<Self> {
-        let one = |s: &str| match tok.encode(s, true).ok()?.as_slice() {
-            [id] => Some(*id),
-            _ => None,
+    /// Scans the vocabulary for the branch tokens of `syntax`.
+    pub fn of(tok: &Tokenizer, syntax: &CallSyntax) -> Self {
+        let marker = |id: &u32| tok.is_special(*id) || tok.token_kind(*id) == Some(TokenKind::UserDefined);
+        let open = tok.encode(&syntax.open, true).unwrap_or_default();
+        let close = tok.encode(&syntax.close, true).unwrap_or_default();
+        let (mut call_starts, mut call_ends) = (Vec::new(), Vec::new());
+        call_starts.extend(open.first().filter(|id| marker(id)));
+        call_ends.extend(close.last().filter(|id| marker(id)));
+        // Where the call begins with text (Llama 3.x: the object itself), the tokens that begin that text.
+        let first_key = if syntax.name_first { &syntax.name_key } else { &syntax.args_key };
+        let opening = match open.first() {
+            Some(id) if marker(id) => String::new(),
+            _ => format!("{}{{\"{first_key}\"", syntax.open),
         };
-        let (open, close) = (one(CALL_OPEN)?, one(CALL_CLOSE)?);
-        let (mut call_starts, mut call_ends) = (vec![open], vec![close]);
         let mut ends = ValueEnds::default();
         for id in 0..tok.vocab_size() as u32 {
             if tok.is_special(id) {
                 continue;
             }
             let b = tok.token_bytes(id);
-            if !b.is_empty() && FENCE_OPEN.as_bytes().starts_with(b) {
+            let fence = syntax.fenced() && !b.is_empty() && FENCE_OPEN.as_bytes().starts_with(b);
+            if fence || (!b.is_empty() && opening.as_bytes().starts_with(b)) {
                 call_starts.push(id);
             }
-            if b.ends_with(b"```") && FENCE_CLOSE.as_bytes().ends_with(b) {
+            if syntax.fenced() && b.ends_with(b"```") && FENCE_CLOSE.as_bytes().ends_with(b) {
                 call_ends.push(id);
             }
             ends.add(id, b);
         }
-        Some(Self { call_starts, call_ends, ends })
+        Self { call_starts, call_ends, ends }
     }
 }
 
@@ -162,51 +166,88 @@ pub fn tools_value(tools: &[ToolSpec]) -> Value {
     )
 }
 
-/// The Lark grammar of one native decision under `choice`: one call (or up to `parallel_calls`), or a plain
-/// answer of at most `max_answer_tokens` tokens that does not start like a call (`<`, a fence, `{`).
-pub fn native_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
+/// The Lark grammar of one native decision under `choice` in `syntax`: one call (or up to `parallel_calls`,
+/// where the syntax takes more than one), or a plain answer of at most `max_answer_tokens` tokens that does
+/// not start like a call (`<`, a fence, `{`).
+pub fn native_grammar(
+    tools: &[ToolSpec],
+    choice: &ToolChoice,
+    opts: &DecisionOptions,
+    syntax: &CallSyntax,
+) -> Result<String> {
     let callable = callable(tools, choice);
     let answer = matches!(choice, ToolChoice::Auto | ToolChoice::None) || callable.is_empty();
     let mut g = String::new();
     let mut start = Vec::new();
     if !callable.is_empty() {
         start.push("calls");
-        let max_calls = opts.parallel_calls.unwrap_or(1).max(1);
-        // calls: call, then up to max_calls - 1 more, each after a newline (a chain of optional rules:
+        let max_calls = syntax.max_calls(opts.parallel_calls.unwrap_or(1));
+        // calls: call, then up to max_calls - 1 more, each after the separator (a chain of optional rules:
         // Lark ranges do not apply to rules here).
-        g.push_str("SEP: /\\n\\n?/\n");
+        g.push_str(&separator_rule(syntax));
         g.push_str("calls: call");
         if max_calls > 1 {
             g.push_str(" more1?");
         }
         g.push('\n');
         for k in 1..max_calls {
-            g.push_str(&format!("more{k}: SEP call"));
+            g.push_str(&format!("more{k}: sep call"));
             if k + 1 < max_calls {
                 g.push_str(&format!(" more{}?", k + 1));
             }
             g.push('\n');
         }
-        g.push_str(&call_rules(&callable, opts)?);
+        g.push_str(&call_rules(&callable, opts, syntax)?);
     }
     if answer {
         start.push("answer");
         g.push_str(&format!("answer[max_tokens={}]: ANSWER\n", opts.max_answer_tokens.max(1)));
-        // Not starting like a call (`<`, a fence, `{`): the first token tells calls and answers apart.
-        g.push_str("ANSWER: /[^<`{\\s](?s:.)*/\n");
+        // Not starting like a call (`<`, a fence, `{`, the call's own first character): the first token
+        // tells calls and answers apart.
+        let mut first = String::from("<`{\\s");
+        if let Some(c) = syntax.open.chars().next().filter(|c| !"<`{".contains(*c) && !c.is_whitespace()) {
+            first.push_str(&regex_syntax_escape(c));
+        }
+        g.push_str(&format!("ANSWER: /[^{first}](?s:.)*/\n"));
     }
     Ok(format!("start: {}\n{g}", start.join(" | ")))
+}
+
+/// `c` for a regex character class.
+fn regex_syntax_escape(c: char) -> String {
+    if c.is_ascii_punctuation() {
+        format!("\\{c}")
+    } else {
+        c.to_string()
+    }
+}
+
+/// The rule between two calls: one or two newlines where the syntax separates calls by a newline (models
+/// write either), else the separator's text.
+fn separator_rule(syntax: &CallSyntax) -> String {
+    match syntax.separator.as_deref() {
+        Some("\n") => "sep: /\\n\\n?/\n".into(),
+        _ => format!("sep: {}\n", syntax.lark()[2]),
+    }
 }
 
 /// The grammar of one more call after a native decision's calls (the separator, then one call to a tool
 /// `choice` allows), for proposing a call the model did not make (see
 /// [`is_new_requested_item`](super::grounding::Evidence::is_new_requested_item)).
-pub fn native_extension_grammar(tools: &[ToolSpec], choice: &ToolChoice, opts: &DecisionOptions) -> Result<String> {
+pub fn native_extension_grammar(
+    tools: &[ToolSpec],
+    choice: &ToolChoice,
+    opts: &DecisionOptions,
+    syntax: &CallSyntax,
+) -> Result<String> {
     let callable = callable(tools, choice);
     if callable.is_empty() {
         return Err(Error::param("tool choice", "it allows no call to extend a decision with"));
     }
-    Ok(format!("start: SEP call\nSEP: /\\n\\n?/\n{}", call_rules(&callable, opts)?))
+    if syntax.separator.is_none() {
+        return Err(Error::param("parallel calls", "the model's call syntax takes one call a turn"));
+    }
+    Ok(format!("start: sep call\n{}{}", separator_rule(syntax), call_rules(&callable, opts, syntax)?))
 }
 
 /// The tools `choice` lets a decision call.
@@ -219,77 +260,103 @@ fn callable<'a>(tools: &'a [ToolSpec], choice: &ToolChoice) -> Vec<&'a ToolSpec>
 }
 
 /// The rules of one call (`call`, its fenced form and its JSON): an object naming one of `callable` with
-/// arguments by that tool's schema.
-fn call_rules(callable: &[&ToolSpec], opts: &DecisionOptions) -> Result<String> {
-    // The separators are those of Python's json.dumps, which the template uses when it renders the
-    // calls of earlier turns: the generated text and its re-rendering then tokenize alike.
+/// arguments by that tool's schema, keys as the syntax orders them.
+fn call_rules(callable: &[&ToolSpec], opts: &DecisionOptions, syntax: &CallSyntax) -> Result<String> {
+    // The separators are those the template uses when it renders the calls of earlier turns (Python's
+    // json.dumps, as a rule): the generated text and its re-rendering then tokenize alike.
     let mut defs = serde_json::Map::new();
+    let (name_key, args_key) = (&syntax.name_key, &syntax.args_key);
     let alternatives: Vec<Value> = callable
         .iter()
         .map(|t| {
+            let name = json!({"const": t.name});
+            let args = hoisted_args(t, opts, &mut defs);
+            let mut properties = serde_json::Map::new();
+            if syntax.name_first {
+                properties.insert(name_key.clone(), name);
+                properties.insert(args_key.clone(), args);
+            } else {
+                properties.insert(args_key.clone(), args);
+                properties.insert(name_key.clone(), name);
+            }
             json!({
                 "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": hoisted_args(t, opts, &mut defs)},
-                "required": ["name", "arguments"],
+                "properties": properties,
+                "required": [name_key, args_key],
                 "additionalProperties": false
             })
         })
         .collect();
+    let (item, key) = if syntax.compact { (",", ":") } else { (", ", ": ") };
     let mut schema = json!({
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
+        "x-guidance": {"whitespace_flexible": false, "item_separator": item, "key_separator": key},
         "anyOf": alternatives
     });
     if !defs.is_empty() {
         schema["$defs"] = Value::Object(defs);
     }
-    let mut g = format!("call: {CALL_OPEN} \"\\n\" call_json \"\\n\" {CALL_CLOSE} | fenced\n");
-    g.push_str(&format!("fenced: {:?} call_json {:?}\n", FENCE_OPEN, FENCE_CLOSE));
+    let [open, close, _] = syntax.lark();
+    let marked: Vec<&str> = [open.as_str(), "call_json", close.as_str()].into_iter().filter(|p| *p != "\"\"").collect();
+    let mut g = format!("call: {}", marked.join(" "));
+    if syntax.fenced() {
+        g.push_str(" | fenced\n");
+        g.push_str(&format!("fenced: {:?} call_json {:?}", FENCE_OPEN, FENCE_CLOSE));
+    }
+    g.push('\n');
     g.push_str(&format!("call_json: %json {}\n", serde_json::to_string(&schema)?));
     Ok(g)
 }
 
 /// Writes calls in the native syntax, as the template renders earlier turns' calls.
-pub fn render_calls(calls: &[ToolCall]) -> String {
-    calls
-        .iter()
-        .map(|c| {
-            let v = json!({"name": c.tool, "arguments": c.args});
-            format!("{CALL_OPEN}\n{}\n{CALL_CLOSE}", crate::text::chat::python_json(&v))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+pub fn render_calls(calls: &[ToolCall], syntax: &CallSyntax) -> String {
+    syntax.render(calls)
 }
 
-/// Reads a native decision: calls (`<tool_call>` blocks or ```` ```json ```` fences, each `{"name",
-/// "arguments"}`) or, for text that does not start with a call, a final answer. Whitespace between calls
-/// is ignored; other text after a call is an error (under the grammar there is none).
-pub fn parse_native(text: &str) -> std::result::Result<Decision, super::decision::DecisionError> {
-    read_native(text).map_err(super::decision::DecisionError::Native)
+/// Reads a native decision in `syntax`: calls (the syntax's, or ```` ```json ```` fences, each an object
+/// with the name and the arguments) or, for text that does not start with a call, a final answer.
+/// Whitespace between calls is ignored; other text after a call is an error (under the grammar there is
+/// none).
+pub fn parse_native(text: &str, syntax: &CallSyntax) -> std::result::Result<Decision, super::decision::DecisionError> {
+    read_native(text, syntax).map_err(super::decision::DecisionError::Native)
 }
 
-fn read_native(text: &str) -> std::result::Result<Decision, String> {
-    let starts_call = |r: &str| r.starts_with(CALL_OPEN) || r.starts_with(FENCE_OPEN);
+fn read_native(text: &str, syntax: &CallSyntax) -> std::result::Result<Decision, String> {
+    let open = syntax.open.trim();
+    let close = syntax.close.trim();
+    let starts_call =
+        |r: &str| r.starts_with(FENCE_OPEN) || if open.is_empty() { r.starts_with('{') } else { r.starts_with(open) };
     let mut rest = text.trim_start();
     if !starts_call(rest) {
         return Ok(Decision::FinalAnswer { thought: String::new(), answer: text.trim().to_string() });
     }
     let mut calls = Vec::new();
     while starts_call(rest) {
-        let (open, close) =
-            if rest.starts_with(CALL_OPEN) { (CALL_OPEN, CALL_CLOSE) } else { (FENCE_OPEN, FENCE_CLOSE) };
-        let after = &rest[open.len()..];
-        let end = after.find(close).ok_or_else(|| format!("a call opened with {open:?} is not closed"))?;
-        let v: Value =
-            serde_json::from_str(after[..end].trim()).map_err(|e| format!("a call is not valid JSON: {e}"))?;
-        let name = v.get("name").and_then(Value::as_str).ok_or("a call has no \"name\" string")?;
-        let args = match v.get("arguments") {
-            // Some models write the arguments as a JSON string.
-            Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| format!("`{name}`: arguments: {e}"))?,
-            Some(a) => a.clone(),
-            None => json!({}),
+        let (v, after) = if let Some(after) = rest.strip_prefix(FENCE_OPEN) {
+            let end =
+                after.find(FENCE_CLOSE).ok_or_else(|| format!("a call opened with {FENCE_OPEN:?} is not closed"))?;
+            let v = serde_json::from_str(after[..end].trim()).map_err(|e| format!("a call is not valid JSON: {e}"))?;
+            (v, &after[end + FENCE_CLOSE.len()..])
+        } else {
+            let after = rest[open.len()..].trim_start();
+            let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+            let v = match values.next() {
+                Some(Ok(v)) => v,
+                Some(Err(e)) if e.is_eof() => return Err("a call is not closed".into()),
+                Some(Err(e)) => return Err(format!("a call is not valid JSON: {e}")),
+                None => return Err("a call is not closed".into()),
+            };
+            let after = after[values.byte_offset()..].trim_start();
+            let after = match after.strip_prefix(close) {
+                Some(a) => a,
+                None => return Err(format!("a call is not closed with {close:?}")),
+            };
+            (v, after)
         };
-        calls.push(ToolCall { tool: name.to_string(), args });
-        rest = after[end + close.len()..].trim_start();
+        calls.push(read_call(&v, syntax)?);
+        rest = after.trim_start();
+        if let Some(sep) = syntax.separator.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            rest = rest.strip_prefix(sep).unwrap_or(rest).trim_start();
+        }
     }
     if !rest.is_empty() {
         return Err(format!("unexpected text after the calls: {:?}", rest.chars().take(40).collect::<String>()));
@@ -297,14 +364,32 @@ fn read_native(text: &str) -> std::result::Result<Decision, String> {
     Ok(Decision::from_calls(String::new(), calls))
 }
 
+/// One call's object: the syntax's keys (a fenced call may use `arguments` or `parameters`).
+fn read_call(v: &Value, syntax: &CallSyntax) -> std::result::Result<ToolCall, String> {
+    let key = v.get(&syntax.name_key).or_else(|| v.get("name"));
+    let name = key.and_then(Value::as_str).ok_or_else(|| format!("a call has no {:?} string", syntax.name_key))?;
+    let args = [syntax.args_key.as_str(), "arguments", "parameters"].into_iter().find_map(|k| v.get(k));
+    let args = match args {
+        // Some models write the arguments as a JSON string.
+        Some(Value::String(s)) => serde_json::from_str(s).map_err(|e| format!("`{name}`: arguments: {e}"))?,
+        Some(a) => a.clone(),
+        None => json!({}),
+    };
+    Ok(ToolCall { tool: name.to_string(), args })
+}
+
 /// The complete calls at the start of a reply that was cut off inside a later call; `None` when not even
 /// the first call is complete.
-pub fn parse_complete_calls(text: &str) -> Option<Decision> {
-    let ends = text.match_indices(CALL_CLOSE).map(|(i, m)| i + m.len());
+pub fn parse_complete_calls(text: &str, syntax: &CallSyntax) -> Option<Decision> {
+    let close = match syntax.close.trim() {
+        "" => "}",
+        c => c,
+    };
+    let ends = text.match_indices(close).map(|(i, m)| i + m.len());
     let fence_ends = text.match_indices(FENCE_CLOSE).map(|(i, m)| i + m.len());
     let mut cuts: Vec<usize> = ends.chain(fence_ends).collect();
     cuts.sort_unstable();
-    cuts.into_iter().rev().find_map(|end| parse_native(&text[..end]).ok().filter(|d| !d.calls().is_empty()))
+    cuts.into_iter().rev().find_map(|end| parse_native(&text[..end], syntax).ok().filter(|d| !d.calls().is_empty()))
 }
 
 #[cfg(test)]
@@ -313,31 +398,32 @@ mod tests {
 
     #[test]
     fn calls_and_answers_parse() {
+        let h = CallSyntax::hermes();
         let one = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
         assert_eq!(
-            parse_native(one).unwrap(),
+            parse_native(one, &h).unwrap(),
             Decision::CallTool { thought: String::new(), tool: "f".into(), args: json!({"x": 1}) }
         );
         let fenced = "```json\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n```";
-        assert_eq!(parse_native(fenced).unwrap(), parse_native(one).unwrap());
+        assert_eq!(parse_native(fenced, &h).unwrap(), parse_native(one, &h).unwrap());
         let two = format!("{one}\n<tool_call>\n{{\"name\": \"g\", \"arguments\": \"{{}}\"}}\n</tool_call>");
-        let d = parse_native(&two).unwrap();
+        let d = parse_native(&two, &h).unwrap();
         assert_eq!(d.calls().iter().map(|c| c.tool.as_str()).collect::<Vec<_>>(), ["f", "g"]);
         assert_eq!(d.calls()[1].args, json!({}));
-        assert_eq!(parse_native(&render_calls(&d.calls())).unwrap(), d, "rendered calls read back the same");
+        assert_eq!(parse_native(&render_calls(&d.calls(), &h), &h).unwrap(), d, "rendered calls read back the same");
         assert!(
-            matches!(parse_native(" It is 4.\n").unwrap(), Decision::FinalAnswer { answer, .. } if answer == "It is 4.")
+            matches!(parse_native(" It is 4.\n", &h).unwrap(), Decision::FinalAnswer { answer, .. } if answer == "It is 4.")
         );
         let cut = format!("{one}\n<tool_call>\n{{\"name\": \"g\", \"arguments\": {{\"s\": \"aaaa");
-        assert_eq!(parse_complete_calls(&cut).unwrap(), parse_native(one).unwrap());
-        assert_eq!(parse_complete_calls("<tool_call>\n{\"name\": \"g\""), None);
+        assert_eq!(parse_complete_calls(&cut, &h).unwrap(), parse_native(one, &h).unwrap());
+        assert_eq!(parse_complete_calls("<tool_call>\n{\"name\": \"g\"", &h), None);
         for bad in [
             "<tool_call>\n{\"name\": \"f\"",
             "<tool_call>{\"arguments\": {}}</tool_call>",
             "<tool_call>{not json}</tool_call>",
             "<tool_call>{\"name\": \"f\"}</tool_call> and more",
         ] {
-            assert!(parse_native(bad).is_err(), "{bad}");
+            assert!(parse_native(bad, &h).is_err(), "{bad}");
         }
     }
 }

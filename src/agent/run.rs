@@ -9,7 +9,8 @@ use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{self, DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
-use super::{native, Agent, AgentConfig, RecordedStep};
+use super::native::{self, CallSyntax};
+use super::{Agent, AgentConfig, RecordedStep};
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
@@ -99,20 +100,21 @@ struct StepGrammars {
 }
 
 impl StepGrammars {
-    fn new(specs: &[ToolSpec], config: &AgentConfig) -> Result<Self> {
+    fn new(specs: &[ToolSpec], config: &AgentConfig, syntax: &CallSyntax) -> Result<Self> {
         Ok(Self {
-            normal: StepGrammar::new(specs, &config.tool_choice, config)?,
-            answer_only: StepGrammar::new(specs, &ToolChoice::None, config)?,
+            normal: StepGrammar::new(specs, &config.tool_choice, config, syntax)?,
+            answer_only: StepGrammar::new(specs, &ToolChoice::None, config, syntax)?,
             call_only: (config.tool_choice == ToolChoice::Auto && !specs.is_empty())
-                .then(|| StepGrammar::new(specs, &ToolChoice::Required, config))
+                .then(|| StepGrammar::new(specs, &ToolChoice::Required, config, syntax))
                 .transpose()?,
             more_calls: (config.propose_more_calls
                 && config.format == DecisionFormat::Native
-                && config.decision.parallel_calls.is_some_and(|n| n > 1)
+                && syntax.max_calls(config.decision.parallel_calls.unwrap_or(1)) > 1
                 && !specs.is_empty()
                 && config.tool_choice != ToolChoice::None)
                 .then(|| {
-                    native::native_extension_grammar(specs, &config.tool_choice, &config.decision).map(Grammar::Lark)
+                    native::native_extension_grammar(specs, &config.tool_choice, &config.decision, syntax)
+                        .map(Grammar::Lark)
                 })
                 .transpose()?,
         })
@@ -314,7 +316,7 @@ impl Agent {
             thinking: thinking.clone(),
         });
         // The conversation keeps the decision, not the thinking (as the thinking templates render turns).
-        messages.push(ChatMessage::assistant(text));
+        messages.push(self.kept_turn(&text, &decision));
         let step = Step {
             decision: decision.clone(),
             thinking,
@@ -367,7 +369,7 @@ impl Agent {
         let step_no = run.steps.len() + 1;
         run.first_need = None;
         let forced_after_error = std::mem::take(&mut run.after_error);
-        messages.push(ChatMessage::assistant(rec.text.clone()));
+        messages.push(self.kept_turn(&rec.text, &rec.decision));
         if let Some(mut record) = rec.record {
             // Complete: the conversation and the run's bookkeeping as they were, nothing run.
             let known: Vec<(ToolCall, Option<CallOutcome>)> =
@@ -431,7 +433,7 @@ impl Agent {
             decided.stats.add_generation(&out.stats);
             run_stats.generated_tokens += out.stats.generated_tokens;
             run_stats.reused_tokens += out.stats.reused_tokens;
-            let proposed = match native::parse_native(out.text.trim()) {
+            let proposed = match native::parse_native(out.text.trim(), &self.syntax) {
                 Ok(d) if out.complete => d.calls(),
                 _ => break,
             };
@@ -471,7 +473,7 @@ impl Agent {
             dropped |= evidence.drop_unstated_calls(&mut calls);
         }
         if dropped {
-            decided.text = native::render_calls(&calls);
+            decided.text = self.syntax.render(&calls);
             decided.decision = Decision::from_calls(decided.decision.thought().to_string(), calls);
         }
     }
@@ -641,8 +643,20 @@ impl Agent {
                 serde_json::to_string(&v)?
             }
             (DecisionFormat::Native, false) => reply.trim().to_string(),
-            (DecisionFormat::Native, true) => native::render_calls(&decision.calls()),
+            (DecisionFormat::Native, true) => self.syntax.render(&decision.calls()),
         })
+    }
+
+    /// The assistant turn that keeps a decision in the conversation (`text`: as [`kept_text`]
+    /// (Self::kept_text) wrote it): native calls in the model's syntax, as its template renders them
+    /// (calls written as a fenced block stay as written); anything else as text.
+    fn kept_turn(&self, text: &str, decision: &Decision) -> ChatMessage {
+        let calls = decision.calls();
+        let fenced = text.trim_start().starts_with(native::FENCE_OPEN);
+        match self.config.format {
+            DecisionFormat::Native if !calls.is_empty() && !fenced => self.syntax.turn(calls),
+            _ => ChatMessage::assistant(text),
+        }
     }
 
     /// Extraction (a complete JSON object) and validation (the decision schema, known tools, the tools'
@@ -681,12 +695,12 @@ impl Agent {
     /// [`check`](Self::check) for the native format. An answer cut off at the token limit is kept as it
     /// is (an answer has no structure to lose); a cut-off call is an extraction failure.
     fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
-        let decision = match native::parse_native(&out.text) {
+        let decision = match native::parse_native(&out.text, &self.syntax) {
             Ok(d) if out.complete || d.calls().is_empty() => d,
             Err(e) if out.complete => return Err(Failure::Extraction(e.to_string())),
             // Cut off by the token limit inside a later call (a runaway string or array): the calls that
             // were complete are kept.
-            _ => native::parse_complete_calls(&out.text).ok_or_else(|| {
+            _ => native::parse_complete_calls(&out.text, &self.syntax).ok_or_else(|| {
                 Failure::Extraction(format!(
                     "the reply ended before the call was complete ({} tokens)",
                     out.stats.generated_tokens
@@ -695,7 +709,7 @@ impl Agent {
         };
         let as_value = || serde_json::to_value(&decision).unwrap_or(Value::Null);
         let calls = decision.calls();
-        let max = self.config.decision.parallel_calls.unwrap_or(1).max(1);
+        let max = self.syntax.max_calls(self.config.decision.parallel_calls.unwrap_or(1));
         let shape_error = match (&step.choice, calls.is_empty()) {
             (ToolChoice::None, false) => Some("no tool may be called at this step: answer".to_string()),
             (ToolChoice::Required | ToolChoice::Specific(_), true) => Some("a tool must be called".to_string()),
@@ -766,7 +780,12 @@ pub(super) struct StepGrammar {
 }
 
 impl StepGrammar {
-    pub(super) fn new(specs: &[ToolSpec], choice: &ToolChoice, config: &AgentConfig) -> Result<Self> {
+    pub(super) fn new(
+        specs: &[ToolSpec],
+        choice: &ToolChoice,
+        config: &AgentConfig,
+        syntax: &CallSyntax,
+    ) -> Result<Self> {
         let opts = &config.decision;
         // The ReAct schema also checks the tool set (duplicates, an unknown tool choice) for both formats.
         let schema = decision::decision_schema(specs, choice, opts)?;
@@ -777,7 +796,7 @@ impl StepGrammar {
                 choice: choice.clone(),
             },
             DecisionFormat::Native => Self {
-                grammar: Grammar::Lark(native::native_grammar(specs, choice, opts)?),
+                grammar: Grammar::Lark(native::native_grammar(specs, choice, opts, syntax)?),
                 choice: choice.clone(),
                 validator: None,
             },

@@ -33,6 +33,9 @@ pub struct TinySpec {
     /// A thinking model (BPE vocabularies): `<think>` and `</think>` tokens, and a template that thinks
     /// unless `enable_thinking` is false, as Qwen 3's.
     pub thinking: bool,
+    /// Tokens added at the end of the vocabulary, each with its GGUF token type (3: control, 4:
+    /// user-defined): another family's call markers, for one.
+    pub extra_tokens: Vec<(String, i32)>,
 }
 
 impl TinySpec {
@@ -50,6 +53,7 @@ impl TinySpec {
             seed: 7,
             metadata: Vec::new(),
             thinking: false,
+            extra_tokens: Vec::new(),
         }
     }
 }
@@ -220,6 +224,10 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<()> {
         if let Some(m) = vocab.meta.iter_mut().find(|(k, _)| k == "tokenizer.chat_template") {
             m.1 = Value::String(CHATML_THINKING.into());
         }
+    }
+    for (t, kind) in &spec.extra_tokens {
+        vocab.tokens.push(t.clone());
+        vocab.types.push(*kind);
     }
     let head_dim = spec.dim / spec.heads;
     // Phi 3 rotates three quarters of each head (Phi-4-mini: 96 of 128).

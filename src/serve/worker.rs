@@ -128,7 +128,7 @@ impl Worker {
         let engine = driver.engine().cloned();
         let model = driver.model();
         let tok = model.tokenizer().clone();
-        let messages = flatten(&req.messages);
+        let messages = flatten(&req.messages, None);
         // A template that refuses the conversation (roles out of the order it wants) refuses the request.
         let prompt = model
             .chat_template()
@@ -225,7 +225,8 @@ impl Worker {
             .map(|s| Arc::new(FnTool::new(s.clone(), |_| Err(ToolError("run by the client".into())))) as Arc<dyn Tool>)
             .collect();
         let format = config.format;
-        let (conversation, recorded) = history(&req.messages, format)?;
+        let syntax = shared.call_syntax().unwrap_or_else(native::CallSyntax::hermes);
+        let (conversation, recorded) = history(&req.messages, format, &syntax)?;
         config.max_steps = recorded.len() + 1;
         let replayed = recorded.len();
         let mut agent = Agent::builder()
@@ -268,20 +269,31 @@ fn lock(d: &Mutex<ModelDriver>) -> MutexGuard<'_, ModelDriver> {
     d.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The conversation as chat messages for a generation without tools: calls written out as JSON.
-fn flatten(messages: &[Message]) -> Vec<ChatMessage> {
+/// The conversation as chat messages: earlier turns' calls in the model's call syntax (native decisions),
+/// else written out as JSON (a generation without tools, ReAct decisions).
+fn flatten(messages: &[Message], syntax: Option<&native::CallSyntax>) -> Vec<ChatMessage> {
     messages
         .iter()
         .map(|m| match m {
             Message::System(s) => ChatMessage::system(s.clone()),
             Message::User(s) => ChatMessage::user(s.clone()),
-            Message::Assistant { content, calls } => {
-                let mut text = content.clone().unwrap_or_default();
-                for (_, c) in calls {
-                    text.push_str(&json!({"name": c.tool, "arguments": c.args}).to_string());
+            Message::Assistant { content, calls } => match syntax.filter(|_| !calls.is_empty()) {
+                Some(syntax) => {
+                    let mut turn = syntax.turn(calls.iter().map(|(_, c)| c.clone()).collect());
+                    if let Some(text) = content.as_deref().filter(|t| !t.trim().is_empty()) {
+                        turn.content =
+                            if syntax.rendered { text.to_string() } else { format!("{text}\n{}", turn.content) };
+                    }
+                    turn
                 }
-                ChatMessage::assistant(text)
-            }
+                None => {
+                    let mut text = content.clone().unwrap_or_default();
+                    for (_, c) in calls {
+                        text.push_str(&json!({"name": c.tool, "arguments": c.args}).to_string());
+                    }
+                    ChatMessage::assistant(text)
+                }
+            },
             Message::Tool { content, .. } => ChatMessage::new(Role::Tool, content.clone()),
         })
         .collect()
@@ -289,9 +301,13 @@ fn flatten(messages: &[Message]) -> Vec<ChatMessage> {
 
 /// The conversation up to the last user message, and what follows it (the assistant's calls and their
 /// results) as recorded steps, written as the agent writes its own decisions in `format`.
-fn history(messages: &[Message], format: DecisionFormat) -> Res<(Vec<ChatMessage>, Vec<RecordedStep>)> {
+fn history(
+    messages: &[Message],
+    format: DecisionFormat,
+    syntax: &native::CallSyntax,
+) -> Res<(Vec<ChatMessage>, Vec<RecordedStep>)> {
     let last_user = messages.iter().rposition(|m| matches!(m, Message::User(_))).expect("checked: a user message");
-    let conversation = flatten(&messages[..=last_user]);
+    let conversation = flatten(&messages[..=last_user], (format == DecisionFormat::Native).then_some(syntax));
     let mut steps = Vec::new();
     let mut i = last_user + 1;
     while i < messages.len() {
@@ -318,7 +334,7 @@ fn history(messages: &[Message], format: DecisionFormat) -> Res<(Vec<ChatMessage
         }
         let plain: Vec<ToolCall> = calls.iter().map(|(_, c)| c.clone()).collect();
         let text = match format {
-            DecisionFormat::Native => native::render_calls(&plain),
+            DecisionFormat::Native => syntax.render(&plain),
             _ => match plain.as_slice() {
                 [c] => json!({"thought": "", "type": "call_tool", "tool": c.tool, "args": c.args}).to_string(),
                 _ => json!({"thought": "", "type": "call_tools", "calls": plain}).to_string(),
@@ -367,8 +383,8 @@ impl Driver for Shared {
     ) -> crate::error::Result<Option<(usize, usize)>> {
         lock(&self.0).measure(messages, tools)
     }
-    fn supports_native(&self) -> bool {
-        lock(&self.0).supports_native()
+    fn call_syntax(&self) -> Option<native::CallSyntax> {
+        lock(&self.0).call_syntax()
     }
     fn supports_thinking(&self) -> bool {
         lock(&self.0).supports_thinking()

@@ -23,12 +23,12 @@ impl Agent {
             }
         }
         if narrowed {
-            let live = StepGrammars::new(&specs, &self.config);
+            let live = StepGrammars::new(&specs, &self.config, &self.syntax);
             if let Ok(g) = live.and_then(|g| self.driver.check_grammar(&g.normal.grammar).map(|()| g)) {
                 return Ok(g);
             }
         }
-        StepGrammars::new(&self.grammar_specs, &self.config)
+        StepGrammars::new(&self.grammar_specs, &self.config, &self.syntax)
     }
 
     /// The first reason a tool gives, after the run's successful calls, why the request still needs it
@@ -65,7 +65,7 @@ impl Agent {
         if need.calls.is_empty() {
             return None;
         }
-        let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config).ok()?;
+        let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config, &self.syntax).ok()?;
         self.driver.check_grammar(&g.grammar).ok()?;
         Some(g)
     }

@@ -1,0 +1,206 @@
+//! Each family's call syntax, read from its chat template: the probe's reading, and native runs on tiny
+//! models whose templates write calls as Qwen, Llama 3.x and llama.cpp's Phi-4-mini template do (written
+//! here in their manner, on the tiny vocabulary).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::gguf_file::Value as Meta;
+use reagent::agent::native::CallSyntax;
+use reagent::agent::{AgentConfig, AgentEvent, DecisionFormat, ModelDriver};
+use reagent::model::tiny::{write_tiny_gguf, TinySpec};
+use reagent::model::Arch;
+use reagent::tools::FnTool;
+use reagent::{Agent, LoadOptions, Model, Sampling, ToolChoice, ToolSpec};
+use serde_json::{json, Value};
+
+/// Qwen's manner: tools in a system turn, each call a `<tool_call>` block, results in `<tool_response>`.
+const QWEN: &str = "{% if tools %}{{ '<|im_start|>system\nTools:\n' }}{% for t in tools %}{{ t | tojson }}\
+{{ '\n' }}{% endfor %}{{ 'Call in <tool_call> blocks.<|im_end|>\n' }}{% endif %}{% for m in messages %}\
+{% if m.role == 'assistant' and m.tool_calls %}{{ '<|im_start|>assistant' }}{% if m.content %}{{ '\n' + m.content }}\
+{% endif %}{% for c in m.tool_calls %}{{ '\n<tool_call>\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' + \
+(c.function.arguments | tojson) + '}\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\n' }}{% elif m.role == 'tool' %}\
+{{ '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' }}{% else %}\
+{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endif %}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Llama 3.x's manner: tools in the first user turn, one bare `{"name", "parameters"}` object a turn
+/// (a second call is refused), results in an `ipython` turn.
+const LLAMA: &str = "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}\
+{% if m.tool_calls | length != 1 %}{{ raise_exception('This model only supports single tool-calls at once!') }}\
+{% endif %}{% set c = m.tool_calls[0].function %}{{ '<|im_start|>assistant\n{\"name\": \"' + c.name + \
+'\", \"parameters\": ' + (c.arguments | tojson) + '}<|im_end|>\n' }}{% elif m.role == 'tool' %}\
+{{ '<|im_start|>ipython\n' + m.content + '<|im_end|>\n' }}{% elif m.role == 'user' and tools and not ns_done %}\
+{% set ns_done = true %}{{ '<|im_start|>user\nRespond with {\"name\": function name, \"parameters\": arguments}.\n' }}\
+{% for t in tools %}{{ t | tojson }}{{ '\n' }}{% endfor %}{{ m.content + '<|im_end|>\n' }}{% else %}\
+{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endif %}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// llama.cpp's Phi-4-mini manner: each call the function object between control tokens, no separator.
+const PHI: &str = "{% if tools %}{{ '<|im_start|>system\n' }}{% for t in tools %}{{ t['function'] | tojson }}\
+{% endfor %}{{ '<|im_end|>\n' }}{% endif %}{% for m in messages %}{% if m.role == 'tool' %}\
+{{ '<|im_start|>tool\n' + m.content + '<|im_end|>\n' }}{% else %}{{ '<|im_start|>' + m.role + '\n' + m.content }}\
+{% for c in m.tool_calls %}{{ '<|tool_call|>' + (c['function'] | tojson) + '<|/tool_call|>' }}{% endfor %}\
+{{ '<|im_end|>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// SmolLM 3's manner: the instructions describe `<tool_call>` blocks; calls are not rendered.
+const DESCRIBED: &str = "{% if tools %}{{ '<|im_start|>system\nFor each call write <tool_call>\n{\"name\": ..., \
+\"arguments\": ...}\n</tool_call><|im_end|>\n' }}{% endif %}{% for m in messages %}\
+{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// A tiny model with `template`, and Phi-4-mini's call markers as control tokens.
+fn tiny_with(name: &str, template: &str) -> Model {
+    let path = common::scratch().join(format!("tiny-syntax-{name}.gguf"));
+    if !path.exists() {
+        let spec = TinySpec {
+            context: 4096,
+            metadata: vec![("tokenizer.chat_template".into(), Meta::String(template.into()))],
+            extra_tokens: vec![("<|tool_call|>".into(), 3), ("<|/tool_call|>".into(), 3)],
+            ..TinySpec::new(Arch::Qwen2)
+        };
+        write_tiny_gguf(&path, &spec).unwrap();
+    }
+    Model::load(&path, &LoadOptions::default()).unwrap()
+}
+
+fn syntax_of(name: &str, template: &str) -> Option<CallSyntax> {
+    let m = tiny_with(name, template);
+    CallSyntax::of(m.chat_template(), m.tokenizer())
+}
+
+#[test]
+fn each_templates_call_syntax_is_read_from_its_rendering() {
+    let qwen = syntax_of("qwen", QWEN).expect("Qwen's manner renders calls");
+    assert_eq!((qwen.open.as_str(), qwen.close.as_str()), ("<tool_call>\n", "\n</tool_call>"));
+    assert_eq!(qwen.separator.as_deref(), Some("\n"));
+    assert_eq!((qwen.name_key.as_str(), qwen.args_key.as_str(), qwen.name_first), ("name", "arguments", true));
+    assert!(qwen.rendered && !qwen.compact);
+
+    let llama = syntax_of("llama", LLAMA).expect("Llama's manner renders calls");
+    assert_eq!((llama.open.as_str(), llama.close.as_str()), ("", ""));
+    assert_eq!(llama.separator, None, "a second call is refused by the template");
+    assert_eq!(llama.args_key, "parameters");
+    assert_eq!(llama.max_calls(4), 1);
+
+    let phi = syntax_of("phi", PHI).expect("the Phi manner renders calls");
+    assert_eq!((phi.open.as_str(), phi.close.as_str()), ("<|tool_call|>", "<|/tool_call|>"));
+    assert_eq!(phi.separator.as_deref(), Some(""));
+    assert_eq!(phi.args_key, "arguments");
+
+    let described = syntax_of("described", DESCRIBED).expect("the markers are described and are tokens");
+    assert!(!described.rendered, "calls are written into the turn's text");
+    assert_eq!(described.open, "<tool_call>\n");
+
+    assert_eq!(syntax_of("plain", reagent::text::chat::CHATML_TEMPLATE), None, "no tools: no syntax");
+}
+
+fn calc() -> impl reagent::Tool + 'static {
+    let spec = ToolSpec::new(
+        "calc",
+        "Evaluates an arithmetic expression.",
+        json!({"type": "object", "properties": {"expression": {"enum": ["2+3"]}},
+               "required": ["expression"]}),
+    )
+    .unwrap();
+    FnTool::new(spec, |_: &Value| Ok(json!("5")))
+}
+
+/// A native run of two steps that must call: the first decision's text and the second step's prompt.
+struct Run {
+    text: String,
+    calls: usize,
+    /// The first step's prompt and generated tokens, and what the second step found in the KV cache.
+    first: (usize, usize),
+    second_reused: usize,
+}
+
+fn native_run(name: &str, template: &str) -> Run {
+    let model = tiny_with(name, template);
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let config = AgentConfig::default()
+        .format(DecisionFormat::Native)
+        .tool_choice(ToolChoice::Required)
+        .max_steps(2)
+        .max_decision_tokens(400);
+    let mut agent = Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(calc())
+        .config(config)
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = agent.run("What is 2+3?").unwrap();
+    assert!(t.steps.len() == 2, "{name}: two steps, each a call: {:?}", t.stop_reason);
+    let text = events
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|e| match e {
+            AgentEvent::DecisionExtracted { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let s = |i: usize| &t.steps[i].stats;
+    Run {
+        text,
+        calls: t.steps[0].decision.calls().len(),
+        first: (s(0).prompt_tokens, s(0).generated_tokens),
+        second_reused: s(1).reused_tokens,
+    }
+}
+
+/// Under each syntax the decision is a call in the model's own form, read back as a call, and the
+/// template's rendering of it in the next prompt is the very tokens generated (all but the last, the end
+/// of the turn, are found in the KV cache): the turn is kept as the model wrote it, control-token markers
+/// included.
+#[test]
+fn native_runs_write_and_keep_calls_in_each_syntax() {
+    for (name, template, open) in [
+        ("qwen", QWEN, "<tool_call>\n{\"name\": \"calc\""),
+        ("llama", LLAMA, "{\"name\": \"calc\", \"parameters\""),
+        ("phi", PHI, "<|tool_call|>{\"name\": \"calc\""),
+    ] {
+        let run = native_run(name, template);
+        // Qwen's syntax also takes a fenced block (Qwen 2.5 Coder's habit).
+        let fenced = name == "qwen" && run.text.starts_with("```json\n{\"name\": \"calc\"");
+        assert!(run.text.starts_with(open) || fenced, "{name}: {:?}", run.text);
+        assert!(run.calls >= 1);
+        if name == "llama" {
+            assert_eq!(run.calls, 1, "one call a turn");
+        }
+        let (prompt, generated) = run.first;
+        assert!(
+            run.second_reused + 1 >= prompt + generated,
+            "{name}: the second prompt re-renders the call as generated: {} of {prompt} + {generated} reused ({:?})",
+            run.second_reused,
+            run.text
+        );
+    }
+}
+
+/// `--chat-template FILE` (`LoadOptions::chat_template`) replaces the file's template: a model whose own
+/// template renders no calls decides natively in the syntax of the one given. A missing or broken
+/// template file is an error that names it.
+#[test]
+fn a_chat_template_file_replaces_the_models_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("llama.jinja");
+    std::fs::write(&file, LLAMA).unwrap();
+    let tiny = common::tiny_path(Arch::Qwen2);
+    let plain = Model::load(&tiny, &LoadOptions::default()).unwrap();
+    assert_eq!(CallSyntax::of(plain.chat_template(), plain.tokenizer()), None);
+    let m = Model::load(&tiny, &LoadOptions::default().chat_template(Some(file.clone()))).unwrap();
+    let syntax = CallSyntax::of(m.chat_template(), m.tokenizer()).unwrap();
+    assert_eq!(syntax.args_key, "parameters");
+
+    let missing = dir.path().join("missing.jinja");
+    let e = Model::load(&tiny, &LoadOptions::default().chat_template(Some(missing))).err().unwrap().to_string();
+    assert!(e.contains("missing.jinja"), "{e}");
+    let broken = dir.path().join("broken.jinja");
+    std::fs::write(&broken, "{% for m in messages %}").unwrap();
+    let e = Model::load(&tiny, &LoadOptions::default().chat_template(Some(broken))).err().unwrap().to_string();
+    assert!(e.contains("broken.jinja") && !e.contains('\n'), "{e}");
+}
