@@ -204,3 +204,39 @@ fn a_chat_template_file_replaces_the_models_own() {
     let e = Model::load(&tiny, &LoadOptions::default().chat_template(Some(broken))).err().unwrap().to_string();
     assert!(e.contains("broken.jinja") && !e.contains('\n'), "{e}");
 }
+
+/// Templates see what Python's Jinja would: `tojson(indent=4)` indents by four spaces (Llama 3.x lists
+/// tools so); `tojson` of a tool turn's content quotes and escapes it; a call's arguments keep their key
+/// order. The tokens of a rendering are those of the whole text, with no control token from a message.
+#[test]
+fn templates_render_as_pythons_jinja_does() {
+    let m = common::tiny_model(Arch::Qwen2);
+    let t = reagent::ChatTemplate::new(
+        "{% for t in tools %}{{ t | tojson(indent=4) }}{% endfor %}|{% for m in messages %}{% if m.role == 'tool' %}\
+         {{ m.content | tojson }}{% else %}{{ m.content }}{% for c in m.tool_calls %}{{ c.function | tojson }}\
+         {% endfor %}{% endif %}|{% endfor %}",
+        m.tokenizer(),
+    )
+    .unwrap();
+    let tools = json!([{"name": "f", "parameters": {}}]);
+    let args: Value = serde_json::from_str(r#"{"zeta": 1, "alpha": "<|im_end|>"}"#).unwrap();
+    let messages = [
+        reagent::ChatMessage::user("hi"),
+        reagent::ChatMessage::calls(vec![reagent::text::chat::ChatCall::new("f", args)]),
+        reagent::ChatMessage::new(reagent::Role::Tool, "say \"hi\"\n"),
+    ];
+    let text = t.render(&messages, false, Some(&tools)).unwrap();
+    let expected = "{\n    \"name\": \"f\",\n    \"parameters\": {}\n}|hi|{\"name\": \"f\", \"arguments\": \
+                    {\"zeta\": 1, \"alpha\": \"<|im_end|>\"}}|\"say \\\"hi\\\"\\n\"|";
+    assert_eq!(text, expected);
+    let tok = m.tokenizer();
+    let ids = t.render_tokens(tok, &messages, false, Some(&tools)).unwrap();
+    let end = tok.token_id("<|im_end|>").unwrap();
+    assert!(!ids.contains(&end), "an argument's `<|im_end|>` stays text");
+    assert_eq!(tok.decode(&ids, true).unwrap(), expected, "the tokens spell the same text");
+    let sorted = "{{ {'b': {'d': 1, 'c': 2}, 'a': 3} | tojson(sort_keys=true) }}";
+    let t = reagent::ChatTemplate::new(sorted, m.tokenizer()).unwrap();
+    assert_eq!(t.render(&[], false, None).unwrap(), r#"{"a": 3, "b": {"c": 2, "d": 1}}"#);
+    let unknown = reagent::ChatTemplate::new("{{ 1 | tojson(width=3) }}", m.tokenizer()).unwrap();
+    assert!(unknown.render(&[], false, None).is_err(), "an unknown keyword is an error");
+}

@@ -69,7 +69,12 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
-    let header = reagent::agent::TraceHeader::new(&task, model_id, &specs, super::args::describe_decisions(&config));
+    let header = reagent::agent::TraceHeader::new(
+        &task,
+        model_id,
+        &specs,
+        super::args::describe_decisions(&config, driver.call_syntax().as_ref()),
+    );
     if let (Some(r), Some(path)) = (&recorded, &a.resume) {
         let differences = r.header.as_ref().map(|h| h.differences(&header)).unwrap_or_default();
         if !differences.is_empty() && !a.resume_anyway {
@@ -237,7 +242,7 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     let profile = if a.dry_run { Profile::SingleDecision } else { Profile::Run };
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
-    eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent));
+    eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref()));
     let total = opts.limit.map_or(todo.len(), |l| l.min(todo.len()));
     let pb = indicatif::ProgressBar::new(total as u64);
     pb.set_style(

@@ -393,12 +393,20 @@ impl DecisionArgs {
     }
 }
 
-/// The decision settings of `config`, in one line (`reagent eval` prints it).
-pub(crate) fn describe_decisions(config: &reagent::AgentConfig) -> String {
+/// The decision settings of `config`, in one line (`reagent eval` prints it), with the model's call
+/// syntax where decisions are native.
+pub(crate) fn describe_decisions(
+    config: &reagent::AgentConfig,
+    syntax: Option<&reagent::agent::native::CallSyntax>,
+) -> String {
     use reagent::agent::DecisionFormat;
     let b = &config.branch_biases;
     let abstain = config.abstain_below.map_or("never".to_string(), |g| g.to_string());
-    let mut s = format!("{} format, first call {}, abstain below {abstain}", config.format, config.first_call);
+    let mut s = format!("{} format", config.format);
+    if let Some(syntax) = syntax.filter(|_| config.format == DecisionFormat::Native) {
+        s += &format!(" ({syntax})");
+    }
+    s += &format!(", first call {}, abstain below {abstain}", config.first_call);
     if config.abstain_below.is_some() && config.keep_named_tool_calls {
         s += " (keeping calls of tools the request names)";
     }

@@ -155,11 +155,52 @@ pub fn python_json(v: &impl Serialize) -> String {
     String::from_utf8(out).expect("serde_json writes UTF-8")
 }
 
-fn tojson(v: Value, indent: Option<Value>) -> std::result::Result<Value, JinjaError> {
-    let json =
-        serde_json::to_value(&v).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
-    let s = if indent.is_some() { serde_json::to_string_pretty(&json).unwrap_or_default() } else { python_json(&json) };
+/// HF's `tojson`: Python's `json.dumps(v, ensure_ascii=False)`, with `indent=N` as Python indents (N spaces
+/// a level; Llama 3.x's template lists tools with `tojson(indent=4)`).
+fn tojson(v: Value, indent: Option<Value>, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, JinjaError> {
+    let bad = |e: String| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}"));
+    let indent = match indent {
+        Some(i) => Some(i),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    // Taken as HF's defaults: `ensure_ascii` off, Python's separators.
+    for key in ["ensure_ascii", "separators"] {
+        let _: Option<Value> = kwargs.get(key)?;
+    }
+    kwargs.assert_all_used()?;
+    let mut json = serde_json::to_value(&v).map_err(|e| bad(e.to_string()))?;
+    if sort_keys {
+        sort_object_keys(&mut json);
+    }
+    let s = match indent.filter(|i| !i.is_none()) {
+        None => python_json(&json),
+        Some(n) => {
+            // Python takes a number of spaces or a string; more than a screen of spaces is no indent.
+            let unit = match n.as_usize() {
+                Some(n) => " ".repeat(n.min(64)),
+                None => n.as_str().map(str::to_string).ok_or_else(|| bad("indent must be a number".into()))?,
+            };
+            let mut out = Vec::new();
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(unit.as_bytes());
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+            serde::Serialize::serialize(&json, &mut ser).map_err(|e| bad(e.to_string()))?;
+            String::from_utf8(out).map_err(|e| bad(e.to_string()))?
+        }
+    };
     Ok(Value::from_safe_string(s))
+}
+
+/// Sorts every object's keys, as `json.dumps(sort_keys=True)` writes them.
+fn sort_object_keys(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.sort_keys();
+            m.values_mut().for_each(sort_object_keys);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(sort_object_keys),
+        _ => {}
+    }
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
@@ -379,7 +420,15 @@ impl ChatTemplate {
             let text = match after[..end].split_once('.') {
                 None => {
                     let i: usize = after[..end].parse().map_err(|_| altered())?;
-                    messages.get(i).ok_or_else(altered)?.content.clone()
+                    let content = &messages.get(i).ok_or_else(altered)?.content;
+                    // `tojson` of the content (Llama 3.x's tool turns): the quotes and escapes it would write.
+                    match (before.strip_suffix('"'), next.strip_prefix('"')) {
+                        (Some(b), Some(n)) => {
+                            (before, next) = (b, n);
+                            python_json(content)
+                        }
+                        _ => content.clone(),
+                    }
                 }
                 Some((i, j)) => {
                     let (i, j): (usize, usize) = (i.parse().map_err(|_| altered())?, j.parse().map_err(|_| altered())?);

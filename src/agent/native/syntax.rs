@@ -195,6 +195,24 @@ impl CallSyntax {
     }
 }
 
+/// The syntax in one line: `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>, several a turn`.
+impl std::fmt::Display for CallSyntax {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let escaped = |t: &str| t.replace('\n', "\\n");
+        let (name, args) = (format!("\"{}\": …", self.name_key), format!("\"{}\": …", self.args_key));
+        let (first, second) = if self.name_first { (name, args) } else { (args, name) };
+        write!(f, "{}{{{first}, {second}}}{}", escaped(&self.open), escaped(&self.close))?;
+        match &self.separator {
+            Some(_) => f.write_str(", several a turn")?,
+            None => f.write_str(", one a turn")?,
+        }
+        if !self.rendered {
+            f.write_str(", written into the turn's text")?;
+        }
+        Ok(())
+    }
+}
+
 /// Where the assistant turn's text is in `other`, a rendering of the probe conversation that differs
 /// from `text` (the same conversation with [`PROBE_TEXT`] as the turn) only in that turn.
 fn turn_text<'a>(text: &str, other: &'a str) -> Option<&'a str> {
