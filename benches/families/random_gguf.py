@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--key-length", type=int, default=0, help="head size (default dim / heads)")
     ap.add_argument("--ffn", type=int, default=256)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--name", default="", help="general.name (default random-ARCH; llama.cpp keys some token "
+                    "attributes on it: a phi3 name wants Phi 3's `</s>` token)")
     ap.add_argument("--rope-freqs", action="store_true", help="llama: Llama 3.x rotary frequency factors")
     ap.add_argument("--rope-dims", type=int, default=0, help="rotary dimensions per head (default: all)")
     a = ap.parse_args()
@@ -38,7 +40,7 @@ def main():
     vocab = len(src.fields["tokenizer.ggml.tokens"].data)
 
     w = gguf.GGUFWriter(a.out, a.arch)
-    w.add_name(f"random-{a.arch}")
+    w.add_name(a.name or f"random-{a.arch}")
     w.add_context_length(4096 * 32 if a.arch == "phi3" else 4096)
     w.add_embedding_length(a.dim)
     w.add_block_count(a.layers)
