@@ -52,6 +52,8 @@ const DESCRIBED: &str = "{% if tools %}{{ '<|im_start|>system\nFor each call wri
 
 /// A tiny model with `template`, and Phi-4-mini's call markers as control tokens.
 fn tiny_with(name: &str, template: &str) -> Model {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let _written = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let path = common::scratch().join(format!("tiny-syntax-{name}.gguf"));
     if !path.exists() {
         let spec = TinySpec {
@@ -76,18 +78,23 @@ fn each_templates_call_syntax_is_read_from_its_rendering() {
     assert_eq!((qwen.open.as_str(), qwen.close.as_str()), ("<tool_call>\n", "\n</tool_call>"));
     assert_eq!(qwen.separator.as_deref(), Some("\n"));
     assert_eq!((qwen.name_key.as_str(), qwen.args_key.as_str(), qwen.name_first), ("name", "arguments", true));
-    assert!(qwen.rendered && !qwen.compact);
+    assert!(qwen.rendered && !qwen.control_markers);
 
     let llama = syntax_of("llama", LLAMA).expect("Llama's manner renders calls");
     assert_eq!((llama.open.as_str(), llama.close.as_str()), ("", ""));
     assert_eq!(llama.separator, None, "a second call is refused by the template");
     assert_eq!(llama.args_key, "parameters");
     assert_eq!(llama.max_calls(4), 1);
+    // Two calls (a client's history) are more than the template renders in a turn: they are kept as text.
+    let two = vec![reagent::ToolCall::new("f", json!({})), reagent::ToolCall::new("g", json!({}))];
+    let turn = llama.turn(two);
+    assert!(turn.tool_calls.is_empty() && turn.content.contains("\"g\""), "{turn:?}");
 
     let phi = syntax_of("phi", PHI).expect("the Phi manner renders calls");
     assert_eq!((phi.open.as_str(), phi.close.as_str()), ("<|tool_call|>", "<|/tool_call|>"));
     assert_eq!(phi.separator.as_deref(), Some(""));
     assert_eq!(phi.args_key, "arguments");
+    assert!(phi.control_markers, "its markers are control tokens");
 
     let described = syntax_of("described", DESCRIBED).expect("the markers are described and are tokens");
     assert!(!described.rendered, "calls are written into the turn's text");
@@ -237,6 +244,14 @@ fn templates_render_as_pythons_jinja_does() {
     let sorted = "{{ {'b': {'d': 1, 'c': 2}, 'a': 3} | tojson(sort_keys=true) }}";
     let t = reagent::ChatTemplate::new(sorted, m.tokenizer()).unwrap();
     assert_eq!(t.render(&[], false, None).unwrap(), r#"{"a": 3, "b": {"c": 2, "d": 1}}"#);
+    // A call's name is text too (a client's, on the server), wherever the template writes it.
+    let named = [reagent::ChatMessage::calls(vec![reagent::text::chat::ChatCall::new("<|im_end|>", json!({}))])];
+    for template in ["{{ messages[0].tool_calls[0].function.name }}", "{{ messages[0].tool_calls[0] | tojson }}"] {
+        let t = reagent::ChatTemplate::new(template, m.tokenizer()).unwrap();
+        let ids = t.render_tokens(tok, &named, false, None).unwrap();
+        assert!(!ids.contains(&end), "{template}");
+        assert_eq!(tok.decode(&ids, true).unwrap(), t.render(&named, false, None).unwrap());
+    }
     let unknown = reagent::ChatTemplate::new("{{ 1 | tojson(width=3) }}", m.tokenizer()).unwrap();
     assert!(unknown.render(&[], false, None).is_err(), "an unknown keyword is an error");
 }

@@ -400,7 +400,8 @@ impl Driver for ModelDriver {
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: constraint.as_ref().map(|c| c.stats().branch_margins.clone()).unwrap_or_default(),
         };
-        Ok(DriverOutput { text: self.text_of(g), thinking, complete, stats })
+        let text = if req.format == DecisionFormat::Native { self.text_of(g) } else { g.text };
+        Ok(DriverOutput { text, thinking, complete, stats })
     }
 
     fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {

@@ -287,9 +287,8 @@ fn call_rules(callable: &[&ToolSpec], opts: &DecisionOptions, syntax: &CallSynta
             })
         })
         .collect();
-    let (item, key) = if syntax.compact { (",", ":") } else { (", ", ": ") };
     let mut schema = json!({
-        "x-guidance": {"whitespace_flexible": false, "item_separator": item, "key_separator": key},
+        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
         "anyOf": alternatives
     });
     if !defs.is_empty() {

@@ -648,13 +648,12 @@ impl Agent {
     }
 
     /// The assistant turn that keeps a decision in the conversation (`text`: as [`kept_text`]
-    /// (Self::kept_text) wrote it): native calls in the model's syntax, as its template renders them
-    /// (calls written as a fenced block stay as written); anything else as text.
+    /// (Self::kept_text) wrote it): the text, except native calls whose syntax has control-token markers,
+    /// which the template renders ([`CallSyntax::kept_turn`]).
     fn kept_turn(&self, text: &str, decision: &Decision) -> ChatMessage {
         let calls = decision.calls();
-        let fenced = text.trim_start().starts_with(native::FENCE_OPEN);
         match self.config.format {
-            DecisionFormat::Native if !calls.is_empty() && !fenced => self.syntax.turn(calls),
+            DecisionFormat::Native if !calls.is_empty() => self.syntax.kept_turn(text, calls),
             _ => ChatMessage::assistant(text),
         }
     }

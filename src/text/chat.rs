@@ -281,7 +281,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String> {
-        let values = template_messages(messages, |_, m| m.content.clone(), |_, _, c| c.arguments.clone());
+        let values = template_messages(
+            messages,
+            |_, m| m.content.clone(),
+            |_, _, c| c.name.clone(),
+            |_, _, c| c.arguments.clone(),
+        );
         self.render_values(values, add_generation_prompt, tools)
     }
 
@@ -343,6 +348,7 @@ pub enum Piece {
 fn template_messages(
     messages: &[ChatMessage],
     mut content: impl FnMut(usize, &ChatMessage) -> String,
+    mut name: impl FnMut(usize, usize, &ChatCall) -> String,
     mut arguments: impl FnMut(usize, usize, &ChatCall) -> serde_json::Value,
 ) -> Vec<serde_json::Value> {
     messages
@@ -357,7 +363,7 @@ fn template_messages(
                     .enumerate()
                     .map(|(j, c)| {
                         serde_json::json!({"type": "function", "function": {
-                            "name": c.name, "arguments": arguments(i, j, c)
+                            "name": name(i, j, c), "arguments": arguments(i, j, c)
                         }})
                     })
                     .collect();
@@ -406,6 +412,7 @@ impl ChatTemplate {
             messages,
             // Empty content stays empty: templates test it (`{% if message.content %}`).
             |i, m| if m.content.is_empty() { String::new() } else { format!("{OPEN}{i}{CLOSE}") },
+            |i, j, _| format!("{OPEN}{i}.{j}.n{CLOSE}"),
             |i, j, _| serde_json::Value::String(format!("{OPEN}{i}.{j}{CLOSE}")),
         );
         let text = self.render_values(marked, add_generation_prompt, tools)?;
@@ -417,27 +424,40 @@ impl ChatTemplate {
             let after = &rest[start + OPEN.len_utf8()..];
             let end = after.find(CLOSE).ok_or_else(|| self.error("template split a message marker".into(), None))?;
             let mut next = &after[end + CLOSE.len_utf8()..];
-            let text = match after[..end].split_once('.') {
-                None => {
-                    let i: usize = after[..end].parse().map_err(|_| altered())?;
-                    let content = &messages.get(i).ok_or_else(altered)?.content;
-                    // `tojson` of the content (Llama 3.x's tool turns): the quotes and escapes it would write.
-                    match (before.strip_suffix('"'), next.strip_prefix('"')) {
-                        (Some(b), Some(n)) => {
-                            (before, next) = (b, n);
-                            python_json(content)
+            // Quoted (`tojson` of a string): the quotes and escapes `tojson` writes, as text.
+            let mut quoted = || match (before.strip_suffix('"'), next.strip_prefix('"')) {
+                (Some(b), Some(n)) => {
+                    (before, next) = (b, n);
+                    true
+                }
+                _ => false,
+            };
+            let number = |s: &str| s.parse::<usize>().map_err(|_| altered());
+            let parts: Vec<&str> = after[..end].split('.').collect();
+            let text = match parts.as_slice() {
+                [i] => {
+                    let content = &messages.get(number(i)?).ok_or_else(altered)?.content;
+                    if quoted() {
+                        python_json(content)
+                    } else {
+                        content.clone()
+                    }
+                }
+                [i, j, rest @ ..] => {
+                    let (i, j) = (number(i)?, number(j)?);
+                    let call: &ChatCall = messages.get(i).and_then(|m| m.tool_calls.get(j)).ok_or_else(altered)?;
+                    match rest {
+                        // A call's name is the client's text on the server: never a control token either.
+                        ["n"] if quoted() => python_json(&call.name),
+                        ["n"] => call.name.clone(),
+                        [] => {
+                            quoted();
+                            python_json(&call.arguments)
                         }
-                        _ => content.clone(),
+                        _ => return Err(altered()),
                     }
                 }
-                Some((i, j)) => {
-                    let (i, j): (usize, usize) = (i.parse().map_err(|_| altered())?, j.parse().map_err(|_| altered())?);
-                    let call = messages.get(i).and_then(|m| m.tool_calls.get(j)).ok_or_else(altered)?;
-                    if let (Some(b), Some(n)) = (before.strip_suffix('"'), next.strip_prefix('"')) {
-                        (before, next) = (b, n);
-                    }
-                    python_json(&call.arguments)
-                }
+                _ => return Err(altered()),
             };
             if !before.is_empty() {
                 out.push(Piece::Template(before.to_string()));

@@ -34,11 +34,12 @@ pub struct CallSyntax {
     pub args_key: String,
     /// Whether the name comes before the arguments in the object.
     pub name_first: bool,
-    /// Whether the object is written without spaces after `,` and `:`.
-    pub compact: bool,
     /// Whether the template renders calls (from a turn's `tool_calls`); else the calls are written into
     /// the turn's text, as the template's instructions describe them.
     pub rendered: bool,
+    /// Whether a marker is a control token (`<|tool_call|>`), which a turn's text cannot hold (message
+    /// text is tokenized without control tokens): such calls are kept for the template to render.
+    pub control_markers: bool,
     /// `open`, `close` and `separator` as Lark sequences: the tokenizer's special tokens by id, the rest
     /// as quoted text (empty for an empty text).
     lark: [String; 3],
@@ -59,8 +60,8 @@ impl CallSyntax {
             name_key: "name".into(),
             args_key: "arguments".into(),
             name_first: true,
-            compact: false,
             rendered: true,
+            control_markers: false,
             lark: [format!("{CALL_OPEN} \"\\n\""), format!("\"\\n\" {CALL_CLOSE}"), "\"\\n\"".into()],
         }
     }
@@ -73,6 +74,17 @@ impl CallSyntax {
             Some(s) => s,
             None => Self::described(template, tok)?,
         };
+        let texts = [syntax.open.as_str(), syntax.close.as_str(), syntax.separator.as_deref().unwrap_or("")];
+        let mut ids = Vec::new();
+        for t in texts {
+            ids.extend(tok.encode(t, true).ok()?);
+        }
+        // A marker that ends the turn would stop the generation inside the call.
+        let stops = crate::text::chat::stop_tokens(tok, None);
+        if ids.iter().any(|id| stops.contains(id)) {
+            return None;
+        }
+        syntax.control_markers = ids.iter().any(|&id| tok.is_special(id));
         syntax.lark = [
             lark_sequence(&syntax.open, tok),
             lark_sequence(&syntax.close, tok),
@@ -113,6 +125,11 @@ impl CallSyntax {
         if joined != one {
             return None;
         }
+        // Text around the call that holds the probe's values is not a syntax (a header naming the tool).
+        let around = [&turn[..found.start], &turn[found.end..]];
+        if around.iter().any(|t| ["Oslo", "Bergen", PROBE_TOOL, "days"].iter().any(|v| t.contains(v))) {
+            return None;
+        }
         let mut syntax = Self {
             open: turn[..found.start].to_string(),
             close: turn[found.end..].to_string(),
@@ -120,8 +137,8 @@ impl CallSyntax {
             name_key: found.name_key,
             args_key: found.args_key,
             name_first: found.name_first,
-            compact: found.compact,
             rendered: true,
+            control_markers: false,
             lark: Default::default(),
         };
         // A second call: refused (Llama 3.x), or after a separator.
@@ -130,7 +147,8 @@ impl CallSyntax {
             render(ChatMessage::calls(calls.iter().cloned().map(Into::into).collect())).and_then(|two| {
                 let turn = turn_text(&text, &two)?;
                 let rest = turn.strip_prefix(&syntax.render(&calls[..1]))?;
-                rest.strip_suffix(&syntax.render(&calls[1..])).map(str::to_string)
+                let sep = rest.strip_suffix(&syntax.render(&calls[1..]))?;
+                (!sep.contains("Oslo") && !sep.contains("Bergen")).then(|| sep.to_string())
             });
         Some(syntax)
     }
@@ -165,12 +183,7 @@ impl CallSyntax {
         let (first, second) = if self.name_first { (name, args) } else { (args, name) };
         m.insert(first.0.clone(), first.1);
         m.insert(second.0.clone(), second.1);
-        let v = Value::Object(m);
-        if self.compact {
-            v.to_string()
-        } else {
-            python_json(&v)
-        }
+        python_json(&Value::Object(m))
     }
 
     /// Calls as the model writes them (and as the template renders them).
@@ -180,12 +193,23 @@ impl CallSyntax {
     }
 
     /// The assistant turn that keeps `calls` in the conversation: the calls for the template to render,
-    /// or their text where it renders none.
+    /// or their text where it renders none or cannot render so many in one turn.
     pub fn turn(&self, calls: Vec<ToolCall>) -> ChatMessage {
-        if self.rendered {
+        if self.rendered && calls.len() <= self.max_calls(calls.len()) {
             ChatMessage::calls(calls.into_iter().map(Into::into).collect())
         } else {
             ChatMessage::assistant(self.render(&calls))
+        }
+    }
+
+    /// The assistant turn that keeps a reply of calls as the model wrote it (`text`): the text itself,
+    /// whose tokens are those generated (a number as written, `2.50`; a fenced call), unless a marker is
+    /// a control token, which message text cannot hold: then the calls, for the template to render.
+    pub fn kept_turn(&self, text: &str, calls: Vec<ToolCall>) -> ChatMessage {
+        if self.control_markers {
+            self.turn(calls)
+        } else {
+            ChatMessage::assistant(text)
         }
     }
 
@@ -198,7 +222,7 @@ impl CallSyntax {
 /// The syntax in one line: `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>, several a turn`.
 impl std::fmt::Display for CallSyntax {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let escaped = |t: &str| t.replace('\n', "\\n");
+        let escaped = |t: &str| t.escape_debug().to_string();
         let (name, args) = (format!("\"{}\": …", self.name_key), format!("\"{}\": …", self.args_key));
         let (first, second) = if self.name_first { (name, args) } else { (args, name) };
         write!(f, "{}{{{first}, {second}}}{}", escaped(&self.open), escaped(&self.close))?;
@@ -235,11 +259,10 @@ struct Found {
     name_key: String,
     args_key: String,
     name_first: bool,
-    compact: bool,
 }
 
 /// The JSON object in `turn` that is `call`: two keys, one the tool's name and one its arguments, written
-/// as Python's `json.dumps` writes it or without spaces.
+/// as Python's `json.dumps` writes it.
 fn find_call(turn: &str, call: &ToolCall) -> Option<Found> {
     turn.match_indices('{').find_map(|(start, _)| {
         let mut values = serde_json::Deserializer::from_str(&turn[start..]).into_iter::<Value>();
@@ -252,15 +275,11 @@ fn find_call(turn: &str, call: &ToolCall) -> Option<Found> {
         let args_at = m.values().position(|v| v == &call.args)?;
         let key = |i: usize| m.keys().nth(i).cloned();
         let written = &turn[start..end];
-        let object = Value::Object(m.clone());
-        let compact = if written == python_json(&object) {
-            false
-        } else if serde_json::to_string(&object).ok().as_deref() == Some(written) {
-            true
-        } else {
+        // As `tojson` writes it (the arguments go through the template as markers and come back so).
+        if written != python_json(&Value::Object(m.clone())) {
             return None;
-        };
-        Some(Found { start, end, name_key: key(name_at)?, args_key: key(args_at)?, name_first: name_at == 0, compact })
+        }
+        Some(Found { start, end, name_key: key(name_at)?, args_key: key(args_at)?, name_first: name_at == 0 })
     })
 }
 
@@ -273,7 +292,8 @@ fn lark_sequence(text: &str, tok: &Tokenizer) -> String {
     let flush = |run: &mut Vec<u8>, parts: &mut Vec<String>| {
         if !run.is_empty() {
             let s = String::from_utf8_lossy(run).into_owned();
-            parts.push(serde_json::to_string(&s).unwrap_or_default());
+            // JSON leaves DEL as it is; the grammar's lexer wants it escaped.
+            parts.push(serde_json::to_string(&s).unwrap_or_default().replace('\u{7f}', "\\u007f"));
             run.clear();
         }
     };
