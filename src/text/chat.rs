@@ -335,11 +335,23 @@ const OPEN: char = '\u{F8F0}';
 const CLOSE: char = '\u{F8F1}';
 
 /// A piece of rendered template text: the template's own (where control tokens may be written) or a
-/// message's (content, a call's arguments), which is always plain text.
+/// message's, which is always plain text: its content, or a call's name or arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
     Template(String),
     Text(String),
+    /// A call's name or arguments, inside the template's own text for the call (`"arguments": ` …
+    /// `}`): tokenized as one text with it, as the model wrote the call.
+    Call(String),
+}
+
+impl Piece {
+    /// The piece's text.
+    pub fn text(&self) -> &str {
+        match self {
+            Self::Template(t) | Self::Text(t) | Self::Call(t) => t,
+        }
+    }
 }
 
 /// A conversation as templates see it (the Hugging Face shape: an assistant turn's calls are `tool_calls`,
@@ -386,15 +398,24 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>> {
+        // A message's content is tokenized on its own, as reagent always has (its edges stay where the
+        // message's are); a call's name and arguments with the template text around them, which
+        // writes the rest of the call.
+        let mut out = Vec::new();
+        let mut run: Vec<(&str, bool)> = Vec::new();
         let pieces = self.render_pieces(messages, add_generation_prompt, tools)?;
-        let spans: Vec<(&str, bool)> = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Template(t) => (t.as_str(), true),
-                Piece::Text(t) => (t.as_str(), false),
-            })
-            .collect();
-        tok.encode_spans(&spans)
+        for p in &pieces {
+            match p {
+                Piece::Template(t) => run.push((t, true)),
+                Piece::Call(t) => run.push((t, false)),
+                Piece::Text(t) => {
+                    out.extend(tok.encode_spans(&std::mem::take(&mut run))?);
+                    out.extend(tok.encode(t, false)?);
+                }
+            }
+        }
+        out.extend(tok.encode_spans(&run)?);
+        Ok(out)
     }
 
     /// The rendering of [`render_tokens`](Self::render_tokens), in pieces: each message's content and each
@@ -434,19 +455,15 @@ impl ChatTemplate {
             };
             let number = |s: &str| s.parse::<usize>().map_err(|_| altered());
             let parts: Vec<&str> = after[..end].split('.').collect();
-            let text = match parts.as_slice() {
+            let piece = match parts.as_slice() {
                 [i] => {
                     let content = &messages.get(number(i)?).ok_or_else(altered)?.content;
-                    if quoted() {
-                        python_json(content)
-                    } else {
-                        content.clone()
-                    }
+                    Piece::Text(if quoted() { python_json(content) } else { content.clone() })
                 }
                 [i, j, rest @ ..] => {
                     let (i, j) = (number(i)?, number(j)?);
                     let call: &ChatCall = messages.get(i).and_then(|m| m.tool_calls.get(j)).ok_or_else(altered)?;
-                    match rest {
+                    Piece::Call(match rest {
                         // A call's name is the client's text on the server: never a control token either.
                         ["n"] if quoted() => python_json(&call.name),
                         ["n"] => call.name.clone(),
@@ -455,15 +472,15 @@ impl ChatTemplate {
                             python_json(&call.arguments)
                         }
                         _ => return Err(altered()),
-                    }
+                    })
                 }
                 _ => return Err(altered()),
             };
             if !before.is_empty() {
                 out.push(Piece::Template(before.to_string()));
             }
-            if !text.is_empty() {
-                out.push(Piece::Text(text));
+            if !piece.text().is_empty() {
+                out.push(piece);
             }
             rest = next;
         }

@@ -116,12 +116,7 @@ impl CallSyntax {
         // Messages' values go through the template as markers (to keep them plain text when tokenized):
         // the template must render them the same way.
         let pieces = template.render_pieces(&conversation(one_call), false, Some(&tools)).ok()?;
-        let joined: String = pieces
-            .iter()
-            .map(|p| match p {
-                Piece::Template(t) | Piece::Text(t) => t.as_str(),
-            })
-            .collect();
+        let joined: String = pieces.iter().map(Piece::text).collect();
         if joined != one {
             return None;
         }
