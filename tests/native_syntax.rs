@@ -44,10 +44,18 @@ const PHI: &str = "{% if tools %}{{ '<|im_start|>system\n' }}{% for t in tools %
 {% for c in m.tool_calls %}{{ '<|tool_call|>' + (c['function'] | tojson) + '<|/tool_call|>' }}{% endfor %}\
 {{ '<|im_end|>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/// SmolLM 3's manner: the instructions describe `<tool_call>` blocks; calls are not rendered.
-const DESCRIBED: &str = "{% if tools %}{{ '<|im_start|>system\nFor each call write <tool_call>\n{\"name\": ..., \
-\"arguments\": ...}\n</tool_call><|im_end|>\n' }}{% endif %}{% for m in messages %}\
-{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}\
+/// SmolLM 3's manner: the tools as `xml_tools`, instructions that describe `<tool_call>` blocks, calls not
+/// rendered, the assistant's text in HF's `{% generation %}` block (a tag minijinja lacks).
+const DESCRIBED: &str = "{% if xml_tools is defined %}{{ '<|im_start|>system\n<tools>\n' }}{% for t in xml_tools %}\
+{{ t | string }}{{ '\n' }}{% endfor %}{{ '</tools>\nFor each call write <tool_call>\n{\"name\": ..., \
+\"arguments\": ...}\n</tool_call><|im_end|>\n' }}{% endif %}{% for m in messages %}{% if m.role == 'assistant' %}\
+{%- generation -%}{{ '<|im_start|>assistant\n' + m.content + '<|im_end|>\n' }}{%- endgeneration -%}{% else %}\
+{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endif %}{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Describes calls but lists no tools: the model would never see them.
+const UNLISTED: &str = "{% if tools %}{{ '<|im_start|>system\nCall with <tool_call> blocks.<|im_end|>\n' }}\
+{% endif %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// A tiny model with `template`, and Phi-4-mini's call markers as control tokens.
@@ -96,11 +104,13 @@ fn each_templates_call_syntax_is_read_from_its_rendering() {
     assert_eq!(phi.args_key, "arguments");
     assert!(phi.control_markers, "its markers are control tokens");
 
-    let described = syntax_of("described", DESCRIBED).expect("the markers are described and are tokens");
+    let described =
+        syntax_of("described", DESCRIBED).expect("xml_tools rendered, generation tags read, the markers described");
     assert!(!described.rendered, "calls are written into the turn's text");
     assert_eq!(described.open, "<tool_call>\n");
 
     assert_eq!(syntax_of("plain", reagent::text::chat::CHATML_TEMPLATE), None, "no tools: no syntax");
+    assert_eq!(syntax_of("unlisted", UNLISTED), None, "a template that shows no tools has no native format");
 }
 
 fn calc() -> impl reagent::Tool + 'static {

@@ -203,6 +203,22 @@ fn sort_object_keys(v: &mut serde_json::Value) {
     }
 }
 
+/// The source with HF's `{% generation %}` … `{% endgeneration %}` (which marks the assistant's text for
+/// training masks, in SmolLM 3's template; minijinja has no such tag) as a block that is always taken,
+/// whitespace control kept.
+fn without_generation_tags(source: &str) -> String {
+    static TAG: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let tag = TAG.get_or_init(|| regex::Regex::new(r"\{%(-?)\s*(end)?generation\s*(-?)%\}").expect("a valid pattern"));
+    tag.replace_all(source, |c: &regex::Captures<'_>| {
+        let (open, close) = (&c[1], &c[3]);
+        match c.get(2) {
+            Some(_) => format!("{{%{open} endif {close}%}}"),
+            None => format!("{{%{open} if true {close}%}}"),
+        }
+    })
+    .into_owned()
+}
+
 fn raise_exception(msg: String) -> std::result::Result<Value, JinjaError> {
     Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
 }
@@ -232,7 +248,7 @@ impl ChatTemplate {
             let _ = fmt;
             "01 January 2026".to_string()
         });
-        env.add_template_owned("chat", source.to_string()).map_err(|e| Error::ChatTemplate {
+        env.add_template_owned("chat", without_generation_tags(source)).map_err(|e| Error::ChatTemplate {
             origin: None,
             problem: format!("cannot parse the template: {e}"),
             source: Some(e),
@@ -303,13 +319,17 @@ impl ChatTemplate {
         // Fuel bounds the instructions; the memory budget bounds what a few instructions can ask for.
         let rendered = crate::limits::with_memory_budget(TEMPLATE_MEMORY, move || {
             let tmpl = env.get_template("chat")?;
-            let ctx = minijinja::context! {
+            let mut ctx = minijinja::context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
-                tools => tools,
                 bos_token => bos,
                 eos_token => eos,
+                tools => tools.clone(),
             };
+            // SmolLM 3's template takes its tools as `xml_tools` (and tests whether it is defined).
+            if let Some(tools) = tools {
+                ctx = minijinja::context! { xml_tools => tools, ..ctx };
+            }
             // Set only when asked: a template tests whether it is defined.
             match thinking {
                 Some(on) => tmpl.render(minijinja::context! { enable_thinking => on, ..ctx }),

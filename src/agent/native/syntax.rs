@@ -70,6 +70,13 @@ impl CallSyntax {
     /// describes when the tokenizer has those markers as tokens of their own; `None` when the template
     /// neither renders nor describes calls.
     pub fn of(template: &ChatTemplate, tok: &Tokenizer) -> Option<Self> {
+        // Native decisions leave the tool list to the template: one that does not render the tools given
+        // (SmolLM 3's takes `xml_tools`; passed too) has no native format.
+        let tools = super::tools_value(&[probe_spec()]);
+        let opening = template.render(&[ChatMessage::user("Hello.")], true, Some(&tools)).ok()?;
+        if !opening.contains(PROBE_TOOL) {
+            return None;
+        }
         let mut syntax = match Self::probe(template) {
             Some(s) => s,
             None => Self::described(template, tok)?,
@@ -95,14 +102,7 @@ impl CallSyntax {
 
     /// The syntax of the calls the template renders, read from two renderings of a probe conversation.
     fn probe(template: &ChatTemplate) -> Option<Self> {
-        let spec = ToolSpec {
-            name: PROBE_TOOL.into(),
-            description: "Current weather in a city.".into(),
-            parameters: json!({"type": "object", "properties": {
-                "city": {"type": "string"}, "days": {"type": "integer"}
-            }, "required": ["city"]}),
-        };
-        let tools = super::tools_value(std::slice::from_ref(&spec));
+        let tools = super::tools_value(&[probe_spec()]);
         let call = |city: &str| ToolCall::new(PROBE_TOOL, json!({"city": city, "days": 3}));
         let ask = ChatMessage::user("What is the weather in Oslo and in Bergen?");
         let after = ChatMessage::user("Thanks.");
@@ -229,6 +229,17 @@ impl std::fmt::Display for CallSyntax {
             f.write_str(", written into the turn's text")?;
         }
         Ok(())
+    }
+}
+
+/// The probe's tool.
+fn probe_spec() -> ToolSpec {
+    ToolSpec {
+        name: PROBE_TOOL.into(),
+        description: "Current weather in a city.".into(),
+        parameters: json!({"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}
+        }, "required": ["city"]}),
     }
 }
 
