@@ -1,0 +1,130 @@
+//! A step's grammar and the check of what it decoded: extraction (a complete decision), validation (the
+//! decision schema or the native syntax's shape, known tools, the tools' argument schemas and validators).
+
+use serde_json::Value;
+
+use super::super::decision::{self, Decision, DecisionFormat, ToolChoice};
+use super::super::driver::{self, DriverOutput};
+use super::super::native::{self, CallSyntax};
+use super::super::{Agent, AgentConfig};
+use super::checks::Failure;
+use crate::decode::constraint::Grammar;
+use crate::error::Result;
+use crate::tools::{ToolCall, ToolSpec};
+
+/// The grammar of one step's decisions, with the compiled validator of a ReAct schema.
+pub(in crate::agent) struct StepGrammar {
+    pub(in crate::agent) grammar: Grammar,
+    choice: ToolChoice,
+    validator: Option<decision::DecisionValidator>,
+}
+
+impl StepGrammar {
+    pub(in crate::agent) fn new(
+        specs: &[ToolSpec],
+        choice: &ToolChoice,
+        config: &AgentConfig,
+        syntax: &CallSyntax,
+    ) -> Result<Self> {
+        let opts = &config.decision;
+        // The ReAct schema also checks the tool set (duplicates, an unknown tool choice) for both formats.
+        let schema = decision::decision_schema(specs, choice, opts)?;
+        Ok(match config.format {
+            DecisionFormat::React => Self {
+                validator: Some(decision::DecisionValidator::new(&schema)?),
+                grammar: Grammar::JsonSchema(schema),
+                choice: choice.clone(),
+            },
+            DecisionFormat::Native => Self {
+                grammar: Grammar::Lark(native::native_grammar(specs, choice, opts, syntax)?),
+                choice: choice.clone(),
+                validator: None,
+            },
+        })
+    }
+}
+
+impl Agent {
+    /// Extraction (a complete JSON object) and validation (the decision schema, known tools, the tools'
+    /// argument schemas and validators).
+    pub(super) fn check(&self, out: &DriverOutput, schema: &StepGrammar) -> std::result::Result<Decision, Failure> {
+        if schema.validator.is_none() {
+            return self.check_native(out, schema);
+        }
+        if !out.complete {
+            return Err(Failure::Extraction(format!(
+                "the reply ended before the decision was complete ({} tokens)",
+                out.stats.generated_tokens
+            )));
+        }
+        let v = driver::extract_json(&out.text)
+            .ok_or_else(|| Failure::Extraction("the reply contains no JSON object".into()))?;
+        // Calls first: a wrong tool or argument gets a precise message rather than "matches no
+        // alternative of the decision schema".
+        let calls: Vec<&Value> = match v.get("calls").and_then(|c| c.as_array()) {
+            Some(cs) => cs.iter().collect(),
+            None if v.get("tool").is_some() => vec![&v],
+            None => Vec::new(),
+        };
+        for c in calls {
+            let Some(tool) = c.get("tool").and_then(|t| t.as_str()) else { continue };
+            let call = ToolCall { tool: tool.to_string(), args: c.get("args").cloned().unwrap_or(Value::Null) };
+            if let Err(e) = self.check_call(&call) {
+                return Err(Failure::Validation(e, v));
+            }
+        }
+        let validator = schema.validator.as_ref().expect("ReAct steps have a validator");
+        let decision = validator.parse(v.clone()).map_err(|e| Failure::Validation(e.to_string(), v))?;
+        Ok(decision)
+    }
+
+    /// [`check`](Self::check) for the native format. An answer cut off at the token limit is kept as it
+    /// is (an answer has no structure to lose); a cut-off call is an extraction failure.
+    fn check_native(&self, out: &DriverOutput, step: &StepGrammar) -> std::result::Result<Decision, Failure> {
+        let decision = match native::parse_native(&out.text, &self.syntax) {
+            Ok(d) if out.complete || d.calls().is_empty() => d,
+            Err(e) if out.complete => return Err(Failure::Extraction(e.to_string())),
+            // Cut off by the token limit inside a later call (a runaway string or array): the calls that
+            // were complete are kept.
+            _ => native::parse_complete_calls(&out.text, &self.syntax).ok_or_else(|| {
+                Failure::Extraction(format!(
+                    "the reply ended before the call was complete ({} tokens)",
+                    out.stats.generated_tokens
+                ))
+            })?,
+        };
+        let as_value = || serde_json::to_value(&decision).unwrap_or(Value::Null);
+        let calls = decision.calls();
+        let max = self.syntax.max_calls(self.config.decision.parallel_calls.unwrap_or(1));
+        let shape_error = match (&step.choice, calls.is_empty()) {
+            (ToolChoice::None, false) => Some("no tool may be called at this step: answer".to_string()),
+            (ToolChoice::Required | ToolChoice::Specific(_), true) => Some("a tool must be called".to_string()),
+            _ if calls.len() > max => Some(format!("{} calls in one reply; at most {max}", calls.len())),
+            (ToolChoice::Specific(name), _) => {
+                calls.iter().find(|c| &c.tool != name).map(|c| format!("`{}` called; only `{name}` may be", c.tool))
+            }
+            _ => None,
+        };
+        if let Some(e) = shape_error {
+            return Err(Failure::Validation(e, as_value()));
+        }
+        for call in &calls {
+            if let Err(e) = self.check_call(call) {
+                return Err(Failure::Validation(e, as_value()));
+            }
+        }
+        Ok(decision)
+    }
+
+    /// A call's validation error (unknown tool, arguments failing its schema or validator), naming the tool.
+    pub(super) fn check_call(&self, call: &ToolCall) -> std::result::Result<(), String> {
+        self.executor.check(call).map_err(|outcome| {
+            format!("{} (tool `{}`)", outcome.error_text().unwrap_or_else(|| outcome.observation()), call.tool)
+        })
+    }
+}
+
+/// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).
+pub(super) fn decision_value(text: &str) -> Value {
+    driver::extract_json(text).unwrap_or(Value::Null)
+}
