@@ -307,13 +307,25 @@ fn fuzz_chat_templates() {
         model.chat_template().source().as_bytes().to_vec(),
         b"{% for m in messages %}{{ m.role }}: {{ m.content | tojson }}{% endfor %}{% if tools %}{{ tools }}{% endif %}".to_vec(),
         b"{% set ns = namespace(l=[1]) %}{% for i in range(8) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}".to_vec(),
+        // Calls rendered (the call syntax's probe reads them), a generation block.
+        b"{% for t in tools %}{{ t | tojson(indent=2) }}{% endfor %}{% for m in messages %}{% generation %}{{ m.content }}\
+{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\
+</tool_call>{% endfor %}{% endgeneration %}{% endfor %}"
+            .to_vec(),
     ];
-    let messages =
-        [reagent::ChatMessage::system("s"), reagent::ChatMessage::user("u"), reagent::ChatMessage::assistant("a")];
+    let call = reagent::text::chat::ChatCall::new("f", serde_json::json!({"a": "<|im_end|>"}));
+    let messages = [
+        reagent::ChatMessage::system("s"),
+        reagent::ChatMessage::user("u"),
+        reagent::ChatMessage::assistant("a"),
+        reagent::ChatMessage::calls(vec![call]),
+    ];
     let tools = serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
     fuzz("template", seeds, |b| {
         if let Ok(t) = reagent::ChatTemplate::new(&String::from_utf8_lossy(b), &tok) {
             let _ = t.render(&messages, true, Some(&tools));
+            let _ = t.render_tokens(&tok, &messages, true, Some(&tools));
+            let _ = reagent::agent::native::CallSyntax::of(&t, &tok);
         }
     });
 }
