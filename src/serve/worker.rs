@@ -281,8 +281,12 @@ fn flatten(messages: &[Message], syntax: Option<&native::CallSyntax>) -> Vec<Cha
                 Some(syntax) => {
                     let mut turn = syntax.turn(calls.iter().map(|(_, c)| c.clone()).collect());
                     if let Some(text) = content.as_deref().filter(|t| !t.trim().is_empty()) {
-                        turn.content =
-                            if syntax.rendered { text.to_string() } else { format!("{text}\n{}", turn.content) };
+                        // Beside calls the template renders; before calls written as the turn's text.
+                        turn.content = if turn.tool_calls.is_empty() {
+                            format!("{text}\n{}", turn.content)
+                        } else {
+                            text.to_string()
+                        };
                     }
                     turn
                 }
@@ -400,5 +404,29 @@ impl Driver for Shared {
     }
     fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
         lock(&self.0).catalog_entry()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client's earlier turn of text and calls: the calls go to a template that renders them, or into
+    /// the turn's text after the words where the template takes fewer calls a turn (Llama 3.x's one).
+    #[test]
+    fn earlier_calls_keep_their_words_and_their_calls() {
+        let calls = vec![
+            ("a".to_string(), ToolCall::new("f", json!({"x": 1}))),
+            ("b".to_string(), ToolCall::new("g", json!({}))),
+        ];
+        let turn = [Message::Assistant { content: Some("Checking.".into()), calls }];
+        let qwen = native::CallSyntax::hermes();
+        let [m] = flatten(&turn, Some(&qwen)).try_into().unwrap();
+        assert_eq!((m.content.as_str(), m.tool_calls.len()), ("Checking.", 2));
+        let mut one_a_turn = native::CallSyntax::hermes();
+        one_a_turn.separator = None;
+        let [m] = flatten(&turn, Some(&one_a_turn)).try_into().unwrap();
+        assert!(m.tool_calls.is_empty());
+        assert!(m.content.starts_with("Checking.\n<tool_call>") && m.content.contains("\"g\""), "{}", m.content);
     }
 }
