@@ -306,11 +306,6 @@ fn call_rules(callable: &[&ToolSpec], opts: &DecisionOptions, syntax: &CallSynta
     Ok(g)
 }
 
-/// Writes calls in the native syntax, as the template renders earlier turns' calls.
-pub fn render_calls(calls: &[ToolCall], syntax: &CallSyntax) -> String {
-    syntax.render(calls)
-}
-
 /// Reads a native decision in `syntax`: calls (the syntax's, or ```` ```json ```` fences, each an object
 /// with the name and the arguments) or, for text that does not start with a call, a final answer.
 /// Whitespace between calls is ignored; other text after a call is an error (under the grammar there is
@@ -409,7 +404,7 @@ mod tests {
         let d = parse_native(&two, &h).unwrap();
         assert_eq!(d.calls().iter().map(|c| c.tool.as_str()).collect::<Vec<_>>(), ["f", "g"]);
         assert_eq!(d.calls()[1].args, json!({}));
-        assert_eq!(parse_native(&render_calls(&d.calls(), &h), &h).unwrap(), d, "rendered calls read back the same");
+        assert_eq!(parse_native(&h.render(&d.calls()), &h).unwrap(), d, "rendered calls read back the same");
         assert!(
             matches!(parse_native(" It is 4.\n", &h).unwrap(), Decision::FinalAnswer { answer, .. } if answer == "It is 4.")
         );

@@ -77,7 +77,7 @@ impl CallSyntax {
         if !opening.contains(PROBE_TOOL) {
             return None;
         }
-        let mut syntax = match Self::probe(template) {
+        let mut syntax = match Self::probe(template, &tools) {
             Some(s) => s,
             None => Self::described(template, tok)?,
         };
@@ -101,13 +101,12 @@ impl CallSyntax {
     }
 
     /// The syntax of the calls the template renders, read from two renderings of a probe conversation.
-    fn probe(template: &ChatTemplate) -> Option<Self> {
-        let tools = super::tools_value(&[probe_spec()]);
+    fn probe(template: &ChatTemplate, tools: &serde_json::Value) -> Option<Self> {
         let call = |city: &str| ToolCall::new(PROBE_TOOL, json!({"city": city, "days": 3}));
         let ask = ChatMessage::user("What is the weather in Oslo and in Bergen?");
         let after = ChatMessage::user("Thanks.");
         let conversation = |turn: ChatMessage| [ask.clone(), turn, after.clone()];
-        let render = |turn: ChatMessage| template.render(&conversation(turn), false, Some(&tools)).ok();
+        let render = |turn: ChatMessage| template.render(&conversation(turn), false, Some(tools)).ok();
         let text = render(ChatMessage::assistant(PROBE_TEXT))?;
         let one_call = ChatMessage::calls(vec![call("Oslo").into()]);
         let one = render(one_call.clone())?;
@@ -115,7 +114,7 @@ impl CallSyntax {
         let found = find_call(turn, &call("Oslo"))?;
         // Messages' values go through the template as markers (to keep them plain text when tokenized):
         // the template must render them the same way.
-        let pieces = template.render_pieces(&conversation(one_call), false, Some(&tools)).ok()?;
+        let pieces = template.render_pieces(&conversation(one_call), false, Some(tools)).ok()?;
         let joined: String = pieces.iter().map(Piece::text).collect();
         if joined != one {
             return None;
