@@ -129,7 +129,7 @@ pub fn run(model: &mut Model, params: &BenchParams, threads: usize) -> Result<Be
         model: info.path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
         threads,
         kernels: format!("{:?}", crate::model::kernels::Tier::best()),
-        prefill_kernel: crate::model::prefill_kernel(),
+        prefill_kernel: info.prefill_path(),
         load_s: round2(info.load_time.as_secs_f64() * 10.0) / 10.0,
         huge_pages: info.huge_pages,
         pp_tokens,

@@ -46,11 +46,6 @@ fn greedy_output_is_the_same_with_drafts_and_takes_fewer_passes() {
         let params = GenerateParams::default().max_tokens(96).ignore_eos(true);
         let g = same_with_and_without(arch, None, params);
         let s = g.stats.speculation;
-        if arch == Arch::Gemma3 {
-            // No batched step on gemma3: drafting would cost a pass a token, so nothing is drafted.
-            assert_eq!(s.drafted, 0);
-            continue;
-        }
         assert!(s.accepted > 0, "{arch:?}: no draft accepted ({s:?}): {:?}", g.text);
         assert_eq!(
             s.passes + s.accepted,
@@ -124,7 +119,7 @@ fn models() -> Vec<(String, Model)> {
 #[test]
 fn the_batched_pass_gives_each_position_its_single_step_logits() {
     for (arch, mut model) in models() {
-        assert_eq!(model.verify_batch() > 1, arch != "Gemma3", "{arch}: which models have a batched step");
+        assert!(model.verify_batch() > 1, "{arch}: every model on the CPU has a batched step");
         let tok = model.tokenizer().clone();
         let ids = tok.encode(PROMPT, false).unwrap();
         let (head, tail) = ids.split_at(4);

@@ -228,11 +228,15 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     let mut tools = builtin_tools(&BuiltinOptions::default().root(a.agent.root.clone()))?;
     add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
     let model = load(&a.model)?;
+    // With batch invariance a prefix loaded or kept gives the same bits as one computed with the task:
+    // the prompt cache and the KV cache across tasks change no result, only the time.
+    let invariant = model.info().batch_invariant;
     let mut driver = match a.agent.no_grammar {
         true => ModelDriver::free_form(model, Sampling::Greedy, 0),
         false => ModelDriver::constrained(model, Sampling::Greedy, 0)?,
     };
-    if a.prompt_cache && super::prompt_cache_on() {
+    opts.reuse_across_tasks |= invariant;
+    if invariant && !a.no_prompt_cache && super::prompt_cache_on() {
         driver = driver.with_prompt_cache(PromptCache::default_dir());
     }
     if a.agent.no_speculation {

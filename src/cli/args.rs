@@ -114,15 +114,16 @@ pub(crate) struct EvalArgs {
     /// happen: the decisions, dropped and proposed calls, retries.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<PathBuf>,
-    /// Keep the KV cache from task to task (faster where tasks share a prompt prefix, but a task's result
-    /// then depends on the task before it, and a resumed eval may differ from an uninterrupted one).
+    /// Keep the KV cache from task to task where the model is not batch invariant (faster where tasks
+    /// share a prompt prefix, but a task's result then depends on the task before it, and a resumed eval
+    /// may differ from an uninterrupted one). A batch-invariant model always keeps it: no result changes.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) reuse_across_tasks: bool,
-    /// Load the system prompt's KV from the prompt cache, and save it there (off in evals: a prefix
-    /// loaded differs in its last bits from one computed with the task, so results could depend on the
-    /// cache).
+    /// Neither load the system prompt's KV from the prompt cache nor save it there
+    /// (`REAGENT_PROMPT_CACHE=0` too). The cache is used only where the model is batch invariant
+    /// (`REAGENT_BATCH_INVARIANT`), so that no result depends on it.
     #[arg(long, help_heading = ADVANCED)]
-    pub(crate) prompt_cache: bool,
+    pub(crate) no_prompt_cache: bool,
     #[command(flatten)]
     pub(crate) agent: AgentArgs,
 }

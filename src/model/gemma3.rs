@@ -10,10 +10,10 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, host_vec, last_position, matvec_host, split_heads, GatedMlp, Linear, RmsNorm, Rope, RopeStyle,
-    Weight,
+    forward_shared, host_vec, last_position, matvec_host, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm,
+    Rope, RopeStyle, Weight,
 };
-use super::Hparams;
+use super::{Hparams, Logits};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -51,6 +51,8 @@ pub struct Gemma3 {
     max_len: usize,
     /// Decode steps run on host buffers ([`Gemma3::step`]): the CPU, every block's weights on the kernels.
     host_steps: bool,
+    /// Every batch through [`Self::steps`] (batch invariance, [`super::LoadOptions::batch_invariant`]).
+    invariant: bool,
     scratch: host::Scratch,
 }
 
@@ -111,6 +113,7 @@ impl Gemma3 {
             len: 0,
             max_len,
             host_steps,
+            invariant: false,
             scratch: Default::default(),
         })
     }
@@ -148,6 +151,57 @@ impl Gemma3 {
         self.norm.host(&s.x, &mut s.h);
         self.output.row_host(&s.h, &self.device)
     }
+
+    /// A batch of tokens on host buffers, each weight read once for all of them: [`Self::step`]'s
+    /// arithmetic row by row, bit for bit (see `Llama::steps`); the logits `want` says.
+    fn steps(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (m, kv, hd) = (tokens.len(), hp.kv_heads, hp.head_dim);
+        let pos = self.len;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let s = &mut self.scratch;
+        s.x = self.embed.rows(tokens, &self.device)?.flatten_all()?.to_vec1::<f32>()?;
+        let embed_scale = (hp.dim as f64).sqrt() as f32;
+        s.x.iter_mut().for_each(|x| *x *= embed_scale);
+        let mut one = Vec::new();
+        for b in &mut self.blocks {
+            b.attn_norm.host_rows(&s.x, &mut s.h);
+            matvec_host_rows([&b.q, &b.k, &b.v], &s.h, m, [&mut s.q, &mut s.k, &mut s.v])?;
+            b.q_norm.host_heads(&mut s.q);
+            b.k_norm.host_heads(&mut s.k);
+            let rope = if b.window.is_some() { &self.rope_local } else { &self.rope_global };
+            let (qw, kw) = (s.q.len() / m, s.k.len() / m);
+            s.a.clear();
+            for i in 0..m {
+                let q = &mut s.q[i * qw..(i + 1) * qw];
+                let k = &mut s.k[i * kw..(i + 1) * kw];
+                rope.host(q, pos + i)?;
+                q.iter_mut().for_each(|x| *x *= scale);
+                rope.host(k, pos + i)?;
+                // Each position joins the cache before it attends: the batch sees itself causally.
+                b.cache.attend_host(q, (k, &s.v[i * kw..(i + 1) * kw]), kv, b.window, &mut one)?;
+                s.a.extend_from_slice(&one);
+            }
+            matvec_host_rows([&b.o], &s.a, m, [&mut s.y])?;
+            b.post_attn_norm.host_rows(&s.y, &mut s.h);
+            host::add(&mut s.x, &s.h);
+            b.ffn_norm.host_rows(&s.x, &mut s.h);
+            b.mlp.host_rows(&s.h, m, (&mut s.gate, &mut s.up), &mut s.y)?;
+            b.post_ffn_norm.host_rows(&s.y, &mut s.h);
+            host::add(&mut s.x, &s.h);
+        }
+        self.len += m;
+        if want == Logits::Skip {
+            return Ok(Vec::new());
+        }
+        if want == Logits::Last {
+            let d = s.x.len() / m;
+            self.norm.host(&s.x[(m - 1) * d..], &mut s.h);
+            return self.output.row_host(&s.h, &self.device);
+        }
+        self.norm.host_rows(&s.x, &mut s.h);
+        self.output.rows_host(&s.h, m, &self.device)
+    }
 }
 
 impl super::Network for Gemma3 {
@@ -170,6 +224,11 @@ impl super::Network for Gemma3 {
         }
     }
 
+    fn set_batch_invariant(&mut self, on: bool) -> bool {
+        self.invariant = on && self.host_steps;
+        self.invariant
+    }
+
     fn export_kv(&self, len: usize) -> Option<Vec<super::attention::KvBlock>> {
         super::attention::export_layers(self.blocks.iter().map(|b| &b.cache), len)
     }
@@ -180,9 +239,32 @@ impl super::Network for Gemma3 {
         Ok(())
     }
 
+    fn verify_batch(&self) -> usize {
+        if self.host_steps {
+            super::VERIFY_BATCH
+        } else {
+            1
+        }
+    }
+
+    fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        match tokens.len() {
+            2.. if self.host_steps && (self.invariant || tokens.len() <= super::VERIFY_BATCH) => {
+                super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want))
+            }
+            _ => super::forward_each(self, tokens),
+        }
+    }
+
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if let ([token], true) = (tokens, self.host_steps) {
-            return self.step(*token);
+        // On host buffers every token is computed as it would be alone (batch invariance: see
+        // `Llama::forward`).
+        match (tokens, self.host_steps) {
+            ([token], true) => return self.step(*token),
+            (_, true) if self.invariant || tokens.len() <= super::VERIFY_BATCH => {
+                return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want))
+            }
+            _ => {}
         }
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);

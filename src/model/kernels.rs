@@ -376,28 +376,36 @@ unsafe fn rows_tokens_into(
         // Where the mat-vec takes rows four at a time, so do these, reducing as it does: each token gets
         // bit for bit what its own mat-vec gives (speculative decoding's drafts are checked on these).
         let fours = !one_row_at_a_time(tier, t, row_bytes);
-        for r in rows.clone().step_by(4) {
-            let count = (rows.end - r).min(4);
-            let mut c = 0;
-            while c < m {
-                // Only the packing of `t`'s kind is filled; the other pointer is passed along unread.
-                let (xp, xs) =
-                    (packed.pairs.as_ptr().wrapping_add(c * xstride), packed.supers.as_ptr().wrapping_add(c * xstride));
-                let (row, yc) = (w.as_ptr().add(r * row_bytes), y.add(c * n + r));
-                // One of `avx512`'s kernels instantiated for `t`'s block type and `$c` tokens.
-                macro_rules! for_type {
-                    ($kernel:ident, $c:literal) => {
-                        match code(t) {
-                            Q4_0 => avx512::$kernel::<Q4_0, $c>,
-                            Q4_1 => avx512::$kernel::<Q4_1, $c>,
-                            Q5_0 => avx512::$kernel::<Q5_0, $c>,
-                            Q8_0 => avx512::$kernel::<Q8_0, $c>,
-                            Q4K => avx512::$kernel::<Q4K, $c>,
-                            Q5K => avx512::$kernel::<Q5K, $c>,
-                            _ => avx512::$kernel::<Q6K, $c>,
-                        }
-                    };
+        // One of `avx512`'s kernels instantiated for `t`'s block type and `$c` tokens.
+        macro_rules! for_type {
+            ($kernel:ident, $c:literal) => {
+                match code(t) {
+                    Q4_0 => avx512::$kernel::<Q4_0, $c>,
+                    Q4_1 => avx512::$kernel::<Q4_1, $c>,
+                    Q5_0 => avx512::$kernel::<Q5_0, $c>,
+                    Q8_0 => avx512::$kernel::<Q8_0, $c>,
+                    Q4K => avx512::$kernel::<Q4K, $c>,
+                    Q5K => avx512::$kernel::<Q5K, $c>,
+                    _ => avx512::$kernel::<Q6K, $c>,
                 }
+            };
+        }
+        // Tokens go in groups, every row of the range before the next group: a group's activations stay
+        // in L2 while the rows (in L1 after the first group) go by. Rows one at a time take eight tokens
+        // per unpacked block; four rows at a time keep to four (their 32 accumulators). Which tokens share
+        // a pass changes no bit: each token's sums are its own.
+        let mut c = 0;
+        while c < m {
+            let take = match m - c {
+                8.. if !fours => 8,
+                left => left.min(4),
+            };
+            // Only the packing of `t`'s kind is filled; the other pointer is passed along unread.
+            let (xp, xs) =
+                (packed.pairs.as_ptr().wrapping_add(c * xstride), packed.supers.as_ptr().wrapping_add(c * xstride));
+            for r in rows.clone().step_by(4) {
+                let count = (rows.end - r).min(4);
+                let (row, yc) = (w.as_ptr().add(r * row_bytes), y.add(c * n + r));
                 macro_rules! run {
                     ($c:literal) => {{
                         if fours && count == 4 {
@@ -405,16 +413,17 @@ unsafe fn rows_tokens_into(
                         } else {
                             for_type!(rows_run, $c)(row, row_bytes, count, xp, xs, xstride, blocks, yc, n);
                         }
-                        c += $c;
                     }};
                 }
-                match m - c {
+                match take {
                     1 => run!(1),
                     2 => run!(2),
                     3 => run!(3),
-                    _ => run!(4),
+                    4 => run!(4),
+                    _ => for_type!(rows_run, 8)(row, row_bytes, count, xp, xs, xstride, blocks, yc, n),
                 }
             }
+            c += take;
         }
         return;
     }

@@ -16,7 +16,7 @@ use super::layers::{
     forward_shared, host_vec, last_position, matvec_host, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm,
     Rope, RopeStyle, Weight,
 };
-use super::Hparams;
+use super::{Hparams, Logits};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -60,6 +60,8 @@ pub struct Llama {
     max_len: usize,
     /// Decode steps run on host buffers ([`Llama::step`]): the CPU, every block's weights on the kernels.
     host_steps: bool,
+    /// Every batch through [`Self::steps`] (batch invariance, [`super::LoadOptions::batch_invariant`]).
+    invariant: bool,
     scratch: host::Scratch,
 }
 
@@ -161,7 +163,20 @@ impl Llama {
         let host_steps = dev.is_cpu()
             && blocks.iter().all(|b| [&b.q, &b.k, &b.v, &b.o].iter().all(|l| l.on_kernels()) && b.mlp.on_kernels());
         let scratch = host::Scratch::default();
-        Ok(Self { hp, embed, blocks, norm, output, rope, device: dev.clone(), len: 0, max_len, host_steps, scratch })
+        Ok(Self {
+            hp,
+            embed,
+            blocks,
+            norm,
+            output,
+            rope,
+            device: dev.clone(),
+            len: 0,
+            max_len,
+            host_steps,
+            invariant: false,
+            scratch,
+        })
     }
 
     /// One token on host buffers: the blocks' element-wise work and attention without tensors
@@ -197,10 +212,10 @@ impl Llama {
         self.norm.host(&s.x, &mut s.h);
         self.output.row_host(&s.h, &self.device)
     }
-    /// A few tokens on host buffers, each weight read once for all of them: [`Self::step`]'s arithmetic
-    /// row by row, bit for bit; the logits of every position (`tokens.len() × vocab`), or of the last one
-    /// only when `all` is false.
-    fn steps(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
+    /// A batch of tokens on host buffers, each weight read once for all of them: [`Self::step`]'s
+    /// arithmetic row by row, bit for bit; the logits `want` says (every position's: `tokens.len() ×
+    /// vocab`).
+    fn steps(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let hp = &self.hp;
         let (m, kv, hd) = (tokens.len(), hp.kv_heads, hp.head_dim);
         let pos = self.len;
@@ -236,7 +251,10 @@ impl Llama {
             host::add(&mut s.x, &s.y);
         }
         self.len += m;
-        if !all {
+        if want == Logits::Skip {
+            return Ok(Vec::new());
+        }
+        if want == Logits::Last {
             let d = s.x.len() / m;
             self.norm.host(&s.x[(m - 1) * d..], &mut s.h);
             return self.output.row_host(&s.h, &self.device);
@@ -266,6 +284,11 @@ impl super::Network for Llama {
         }
     }
 
+    fn set_batch_invariant(&mut self, on: bool) -> bool {
+        self.invariant = on && self.host_steps;
+        self.invariant
+    }
+
     fn export_kv(&self, len: usize) -> Option<Vec<super::attention::KvBlock>> {
         super::attention::export_layers(self.blocks.iter().map(|b| &b.cache), len)
     }
@@ -286,19 +309,26 @@ impl super::Network for Llama {
 
     fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         match tokens.len() {
-            2.. if self.host_steps && tokens.len() <= super::VERIFY_BATCH => self.steps(tokens, true),
+            2.. if self.host_steps && (self.invariant || tokens.len() <= super::VERIFY_BATCH) => {
+                super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want))
+            }
             _ => super::forward_each(self, tokens),
         }
     }
 
     /// Runs `tokens` at the end of the cache; returns the last position's logits.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        // Decode-sized batches (a sampled token with forced ones, a short prompt tail) on host buffers:
-        // the same bits as one token at a time, however the tokens are grouped, so speculation and the
-        // batches it changes leave the output as it was.
+        // Batch invariance: on host buffers every batch (a prompt, a sampled token with forced ones,
+        // speculation's drafts) goes through `steps`, whose arithmetic is one token's, row by row: a
+        // token's logits and KV entries are the same bits however the tokens are grouped and wherever
+        // the batch starts, so a prefix loaded, kept or computed anew gives the same answer. Without
+        // it (`LoadOptions::batch_invariant` off) only decode-sized batches do, and prompts take the
+        // tensor path's batched kernels.
         match (tokens, self.host_steps) {
             ([token], true) => return self.step(*token),
-            (_, true) if tokens.len() <= super::VERIFY_BATCH => return self.steps(tokens, false),
+            (_, true) if self.invariant || tokens.len() <= super::VERIFY_BATCH => {
+                return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want))
+            }
             _ => {}
         }
         let hp = &self.hp;

@@ -141,6 +141,12 @@ pub(crate) trait Network: Send {
     fn verify_batch(&self) -> usize {
         1
     }
+    /// Asks for batch invariance ([`LoadOptions::batch_invariant`]); says whether it holds (the CPU, every
+    /// block's weights on the kernels).
+    fn set_batch_invariant(&mut self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
     /// Each layer's keys and values for the first `len` positions (`None` off the CPU).
     fn export_kv(&self, len: usize) -> Option<Vec<attention::KvBlock>>;
     /// Replaces the cache with saved positions.
@@ -149,6 +155,41 @@ pub(crate) trait Network: Send {
 
 /// The most tokens a batched decode step takes ([`LanguageModel::forward_all`] on host buffers).
 pub const VERIFY_BATCH: usize = 16;
+
+/// Tokens per pass of a batch on host buffers (`Llama::steps`, `Gemma3::steps`): the activations of a
+/// pass stay in L2 while every weight row is read once for all of them. The split changes no bit of the
+/// result (each token's arithmetic is its own), only the speed.
+const HOST_CHUNK: usize = 64;
+
+/// Which logits a batch on host buffers returns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Logits {
+    /// None: an earlier pass of a prompt, wanted for its KV entries only.
+    Skip,
+    /// The last position's.
+    Last,
+    /// Every position's, one row after another.
+    All,
+}
+
+/// `steps` over `tokens` in passes of [`HOST_CHUNK`]: every position's logits for [`Logits::All`], else
+/// the last one's.
+fn host_chunks(
+    tokens: &[u32],
+    want: Logits,
+    mut steps: impl FnMut(&[u32], Logits) -> Result<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    let passes = tokens.len().div_ceil(HOST_CHUNK);
+    for (i, chunk) in tokens.chunks(HOST_CHUNK).enumerate() {
+        match want {
+            Logits::All => out.extend(steps(chunk, Logits::All)?),
+            _ if i + 1 == passes => out = steps(chunk, Logits::Last)?,
+            _ => drop(steps(chunk, Logits::Skip)?),
+        }
+    }
+    Ok(out)
+}
 
 /// [`Network::forward_all`] one token at a time.
 fn forward_each<N: Network + ?Sized>(net: &mut N, tokens: &[u32]) -> Result<Vec<f32>> {
@@ -182,11 +223,19 @@ pub struct LoadOptions {
     /// of shared page cache (peak RSS about 10% over the file) and the kernel's time to find the pages at
     /// load (0.05 to 1.3 s for 1.1 GB). On by default; `REAGENT_HUGE_PAGES=0` turns the default off.
     pub huge_pages: bool,
+    /// Batch invariance (on the CPU, every weight on the kernels): every batch, a prompt's included, runs
+    /// each token through a decode step's arithmetic, so a token's logits and KV entries are the same bits
+    /// however the tokens were batched, and no result depends on what a cache held. Off, prompts of more
+    /// than 16 tokens take the integer tiles (or AMX): about twice the prefill speed, with results that
+    /// differ in their last bits with the split. On by default; `REAGENT_BATCH_INVARIANT=0` turns the
+    /// default off.
+    pub batch_invariant: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         let huge_pages = std::env::var("REAGENT_HUGE_PAGES").map_or(true, |v| v != "0");
+        let batch_invariant = std::env::var("REAGENT_BATCH_INVARIANT").map_or(true, |v| v != "0");
         Self {
             device: Device::Cpu,
             max_context: None,
@@ -194,6 +243,7 @@ impl Default for LoadOptions {
             chat_template: None,
             f32_reference: false,
             huge_pages,
+            batch_invariant,
         }
     }
 }
@@ -205,6 +255,7 @@ setters!(LoadOptions {
     chat_template: Option<PathBuf>,
     f32_reference: bool,
     huge_pages: bool,
+    batch_invariant: bool,
 });
 
 /// Facts about a loaded model.
@@ -223,6 +274,21 @@ pub struct ModelInfo {
     pub huge_pages: bool,
     /// Whether every product runs in f32 ([`LoadOptions::f32_reference`]).
     pub f32_reference: bool,
+    /// Whether batches run a decode step's arithmetic token by token ([`LoadOptions::batch_invariant`],
+    /// where the device and weights allow it).
+    pub batch_invariant: bool,
+}
+
+impl ModelInfo {
+    /// How prompt-sized batches are computed: `invariant` (a decode step's arithmetic, token by token),
+    /// else [`prefill_kernel`]'s name.
+    pub fn prefill_path(&self) -> &'static str {
+        if self.batch_invariant {
+            "invariant"
+        } else {
+            prefill_kernel()
+        }
+    }
 }
 
 /// A GGUF file's network: its weights on a device and the KV cache.
@@ -245,7 +311,7 @@ impl Transformer {
         // After the checks that can refuse the file, before the layers take their tensors. Only an
         // optimisation: a copy that fails (no memory for it) leaves the weights in the file's map.
         let huge_pages = dev.is_cpu() && opts.huge_pages && g.copy_to_huge_pages().unwrap_or(false);
-        let net: Box<dyn Network> = match arch {
+        let mut net: Box<dyn Network> = match arch {
             Arch::Llama => Box::new(llama::Llama::load(g, llama::Variant::Llama, max_len, dev)?),
             Arch::Qwen2 => Box::new(llama::Llama::load(g, llama::Variant::Qwen2, max_len, dev)?),
             Arch::Qwen3 => Box::new(llama::Llama::load(g, llama::Variant::Qwen3, max_len, dev)?),
@@ -253,6 +319,7 @@ impl Transformer {
             Arch::Phi3 => Box::new(llama::Llama::load(g, llama::Variant::Phi3, max_len, dev)?),
             Arch::Gemma3 => Box::new(gemma3::Gemma3::load(g, max_len, dev)?),
         };
+        let batch_invariant = net.set_batch_invariant(opts.batch_invariant && !opts.f32_reference);
         let hparams = net.hparams().clone();
         let name = g.str_opt("general.name")?.map(String::from);
         let decode_bytes_per_token = g.decode_bytes_per_token();
@@ -266,6 +333,7 @@ impl Transformer {
             load_time: started.elapsed(),
             huge_pages,
             f32_reference: opts.f32_reference,
+            batch_invariant,
         };
         Ok(Self { net, info })
     }

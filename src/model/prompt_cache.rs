@@ -76,7 +76,7 @@ impl PromptCache {
         };
         let compute = match info.f32_reference {
             true => "f32".to_string(),
-            false => format!("{}-{}", super::kernels::Tier::best().name(), super::prefill_kernel()),
+            false => format!("{}-{}", super::kernels::Tier::best().name(), info.prefill_path()),
         };
         let key = format!("{}-{compute}", &file[..16.min(file.len())]);
         Self { dir: dir.into(), key, max_bytes: DEFAULT_MAX_BYTES }
