@@ -156,3 +156,38 @@ fn qwen_is_batch_invariant() {
     tokens.truncate(80);
     check(&mut model, &tokens, &format!("qwen2.5-coder-0.5b on {}", Tier::best().name()));
 }
+
+/// A run resumed from its trace decides as the uninterrupted run did: the resumed run computes the
+/// recorded conversation in one prompt, the uninterrupted one step by step with each step's KV kept; with
+/// batch invariance both see the same numbers.
+#[test]
+fn a_resumed_run_on_the_test_model_decides_as_the_uninterrupted_one() {
+    use reagent::agent::{read_trace, Agent, EventLog, ModelDriver};
+    use reagent::tools::{builtin_tools, BuiltinOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("numbers.txt"), "12\n7\n30\n41\n").unwrap();
+    let task = "Read numbers.txt, then compute 12 * 7 + 30 with the calculator.";
+    let agent = |log: Option<EventLog>| {
+        let model = Model::load(common::real_model_path("smollm2-135m"), &LoadOptions::default()).unwrap();
+        let driver = ModelDriver::constrained(model, reagent::Sampling::Greedy, 0).unwrap();
+        let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
+        let config = reagent::AgentConfig::default().max_steps(4);
+        let mut b = Agent::builder().driver(driver).tools(tools).config(config);
+        if let Some(log) = log {
+            b = b.events(log);
+        }
+        b.build().unwrap()
+    };
+    let trace = dir.path().join("trace.jsonl");
+    let whole = agent(Some(EventLog::create(&trace).unwrap())).run(task).unwrap();
+    assert!(whole.steps.len() >= 2, "the run needs two steps to cut between: {whole:#?}");
+    let recorded = read_trace(&trace).unwrap();
+    for cut in 1..whole.steps.len() {
+        let steps = recorded.steps[..cut].to_vec();
+        let resumed = agent(None).resume(&[reagent::ChatMessage::user(task)], steps).unwrap();
+        let decisions = |t: &reagent::Transcript| t.steps.iter().map(|s| s.decision.clone()).collect::<Vec<_>>();
+        assert_eq!(decisions(&resumed), decisions(&whole), "resumed after step {cut}");
+        assert_eq!(resumed.final_answer, whole.final_answer, "resumed after step {cut}");
+    }
+}

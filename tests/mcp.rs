@@ -184,6 +184,22 @@ fn command_lines_name_their_servers() {
     assert!(McpConfig::from_command_line("npx 'unclosed").is_err());
 }
 
+/// A server started from a command line is named by what it calls itself (`serverInfo.name` in its answer
+/// to `initialize`), not by its script's file name (`node …/dist/index.js` would be `index`); a tools
+/// file's name is the user's and stays.
+#[test]
+fn a_command_line_server_takes_the_name_it_gives_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("index.py");
+    std::fs::copy(script(), &index).unwrap();
+    let config = McpConfig::from_command_line(&format!("python3 {} ok", index.display())).unwrap();
+    assert_eq!(config.name, "index");
+    let server = McpServer::spawn(&config).unwrap();
+    assert_eq!(server.name(), "misbehaving");
+    let named = McpServer::spawn(&test_server("mine", "ok", 10.0)).unwrap();
+    assert_eq!(named.name(), "mine");
+}
+
 #[test]
 fn tools_files_declare_servers() {
     let dir = tempfile::tempdir().unwrap();
@@ -340,17 +356,19 @@ fn the_default_model_uses_the_filesystem_server_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "one\ntwo\nthree\nfour\n").unwrap();
     let server = format!("{} {}", npm_server("mcp-server-filesystem").display(), dir.path().display());
+    // An absolute path that exists: live state that makes the first call one of the server's path tools.
+    let question = format!("How many lines does {} have?", dir.path().join("notes.txt").display());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_reagent"))
         .env("REAGENT_PROMPT_CACHE", "0")
         .current_dir(dir.path())
         // Run outside the source tree, the binary would look in the platform cache: use the tree's.
         .env("REAGENT_MODELS_DIR", reagent::catalog::cache_dir())
-        .args(["run", "--builtin", "none", "--json", "--mcp", &server, "How many lines does notes.txt have?"])
+        .args(["run", "--builtin", "none", "--json", "--mcp", &server, &question])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code().is_some_and(|c| c <= 1), "{stderr}");
-    assert!(stderr.contains("MCP server `filesystem`: 14 tools"), "{stderr}");
+    assert!(stderr.contains("MCP server `secure-filesystem`: 14 tools"), "{stderr}");
     let events: Vec<Value> =
         String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let done: Vec<&Value> = events.iter().filter(|e| e["event"] == "tool_call_completed").collect();

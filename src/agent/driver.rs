@@ -75,6 +75,12 @@ pub trait Driver: Send {
     fn extend(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
         Ok(None)
     }
+    /// The model's own reply to `messages` as free text: the chat template with no tools and no grammar,
+    /// at most `max_tokens` tokens, ended by the model (an answer in its own words once a decision chose
+    /// to answer). `None` where the driver cannot (the default).
+    fn answer(&mut self, _messages: &[ChatMessage], _max_tokens: usize) -> Result<Option<DriverOutput>> {
+        Ok(None)
+    }
     /// Forgets the last decision's tokens (after a failed attempt), so the retry starts from its prompt.
     fn rollback(&mut self) {}
     /// The chat role observations are sent with: `tool` where the model's template has a tool turn
@@ -402,6 +408,35 @@ impl Driver for ModelDriver {
         };
         let text = if req.format == DecisionFormat::Native { self.text_of(g) } else { g.text };
         Ok(DriverOutput { text, thinking, complete, stats })
+    }
+
+    fn answer(&mut self, messages: &[ChatMessage], max_tokens: usize) -> Result<Option<DriverOutput>> {
+        let t = Instant::now();
+        self.thinking = false;
+        let prompt = self.tokens(messages, None)?;
+        let (reused, loaded) = self.prepare_prefix(&prompt);
+        let params = GenerateParams {
+            max_tokens,
+            sampling: self.sampling,
+            seed: self.seed,
+            speculate: self.speculate,
+            ..GenerateParams::default()
+        };
+        let g = self.generate(&prompt, reused, &params, None)?;
+        self.seed = self.seed.wrapping_add(1);
+        self.prompt_len = prompt.len();
+        let complete = !matches!(g.stop, FinishReason::MaxTokens | FinishReason::ContextFull);
+        let stats = DecisionStats {
+            prompt_tokens: prompt.len(),
+            reused_tokens: g.stats.cached_tokens.min(prompt.len()),
+            loaded_tokens: loaded,
+            generated_tokens: g.tokens.len(),
+            drafted_tokens: g.stats.speculation.drafted,
+            accepted_tokens: g.stats.speculation.accepted,
+            seconds: t.elapsed().as_secs_f64(),
+            ..DecisionStats::default()
+        };
+        Ok(Some(DriverOutput::new(g.text, complete, stats)))
     }
 
     fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {

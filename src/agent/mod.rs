@@ -120,6 +120,16 @@ pub struct AgentConfig {
     /// thinking (`<think>…</think>`) before each decision, which is then made under the grammar as
     /// always, in the same sequence. 0: the template's no-thinking mode. Other models: must be 0.
     pub think_budget: usize,
+    /// ReAct: once a decision chose to answer before any call ran, the answer is the model's own reply in
+    /// a plain chat turn (its template with no tools and no grammar, the caller's system text or a plain
+    /// helpful-assistant one), at most `answer_tokens` tokens, rather than the text it wrote in the
+    /// decision's JSON string: a small model answers a plain question better in its own turn than inside
+    /// a JSON string after an empty thought. After calls the decision's answer stays (it is written with
+    /// the results in view), as it does where the driver cannot reply freely (a scripted driver) or the
+    /// reply is empty, cut off, or repeats a tool's error.
+    pub answer_in_own_words: bool,
+    /// The most tokens of an answer in the model's own words ([`Self::answer_in_own_words`]).
+    pub answer_tokens: usize,
 }
 
 impl Default for AgentConfig {
@@ -146,6 +156,8 @@ impl Default for AgentConfig {
             check_arithmetic: true,
             hold_untrusted_calls: true,
             think_budget: 0,
+            answer_in_own_words: true,
+            answer_tokens: 256,
         }
     }
 }
@@ -172,6 +184,8 @@ setters!(AgentConfig {
     check_arithmetic: bool,
     hold_untrusted_calls: bool,
     think_budget: usize,
+    answer_in_own_words: bool,
+    answer_tokens: usize,
 });
 
 /// Under `auto`, whether the first decision of a run must call a tool.

@@ -16,8 +16,10 @@ use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, Need, ToolCall, ToolSpec};
 
+mod answer;
 mod calls;
 mod checks;
+mod extra_calls;
 mod needs;
 mod validate;
 
@@ -66,6 +68,11 @@ struct RunState {
     failures: Vec<(String, String)>,
     /// The last user message.
     task: String,
+    /// The conversation as the caller gave it: the start of an answer in the model's own words.
+    request: Vec<ChatMessage>,
+    /// Tools a failed call's error named as the ones for the job ("other tools for this: …"): the next
+    /// decision calls one of them (live state: what the failed tool said, not the request's words).
+    alternatives: Vec<String>,
     /// What the request still needed when an answer was sent back for it ([`Checks::pending`]): each
     /// once a run.
     pending_raised: Vec<String>,
@@ -177,7 +184,8 @@ impl Agent {
         let names = specs.iter().map(|s| s.name.clone()).collect();
         self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
         let (first_call_required, first_need) = self.first_call_required(&task);
-        let mut run = RunState { first_call_required, first_need, task: task.clone(), ..RunState::default() };
+        let request = conversation.to_vec();
+        let mut run = RunState { first_call_required, first_need, task: task.clone(), request, ..RunState::default() };
         let mut replay = std::collections::VecDeque::from(recorded);
         if !replay.is_empty() {
             self.emit(AgentEvent::RunResumed { steps: replay.len() });
@@ -252,6 +260,15 @@ impl Agent {
         let forced_call = (run.steps.is_empty() && run.first_call_required) || run.after_error;
         // The first step's calls, where the request named what they must be (a file to read).
         let first = run.first_need.take().filter(|_| run.steps.is_empty() && !run.force_answer);
+        // After a failure that named the tools for the job: one of them, by grammar.
+        let alternatives = std::mem::take(&mut run.alternatives);
+        let first = first.or_else(|| {
+            let specs: Vec<ToolSpec> =
+                alternatives.iter().filter_map(|n| self.executor.tools().get(n).map(|t| t.spec().clone())).collect();
+            let auto = self.config.tool_choice == ToolChoice::Auto;
+            (auto && !run.force_answer && !specs.is_empty())
+                .then(|| Need::new("the failed call's error names the tools for it", 0).calls(specs))
+        });
         let first_grammar = first.as_ref().and_then(|n| self.need_grammar(n));
         let grammar = match &first_grammar {
             Some(g) => g,
@@ -310,7 +327,12 @@ impl Agent {
         if self.config.format == DecisionFormat::Native {
             self.drop_unstated(&turns.evidence, &mut decided);
         }
-        let Decided { decision, thinking, text, stats, retries } = decided;
+        let Decided { mut decision, thinking, text, mut stats, retries } = decided;
+        if let Decision::FinalAnswer { answer, .. } = &mut decision {
+            if let Some(own) = self.own_words(run, &mut stats)? {
+                *answer = own;
+            }
+        }
         self.emit(AgentEvent::DecisionExtracted {
             step: step_no,
             decision: decision.clone(),
@@ -405,80 +427,6 @@ impl Agent {
         }
         self.finish_step(step_no, step, run, messages, forced_after_error, &rec.started);
         None
-    }
-
-    /// Proposes one more call after the decision's calls (the driver continues the reply under `grammar`)
-    /// and keeps it while it is a new item the request asked for, up to the parallel-call limit. The
-    /// proposals' tokens count in the step's figures.
-    fn propose_more_calls(
-        &mut self,
-        step: usize,
-        turns: &Turns,
-        decided: &mut Decided,
-        grammar: &Grammar,
-        tools: Option<&Value>,
-        run_stats: &mut RunStats,
-    ) -> Result<()> {
-        let limit = self.config.decision.parallel_calls.unwrap_or(1);
-        let mut calls = decided.decision.calls();
-        while !calls.is_empty() && calls.len() < limit {
-            let req = DecisionRequest {
-                messages: turns.messages,
-                grammar,
-                tools,
-                format: DecisionFormat::Native,
-                biases: self.config.branch_biases,
-                max_tokens: self.config.max_decision_tokens,
-                attempt: 0,
-                think_budget: 0,
-            };
-            let Some(out) = self.driver.extend(&req)? else { break };
-            decided.stats.add_generation(&out.stats);
-            run_stats.generated_tokens += out.stats.generated_tokens;
-            run_stats.reused_tokens += out.stats.reused_tokens;
-            let proposed = match native::parse_native(out.text.trim(), &self.syntax) {
-                Ok(d) if out.complete => d.calls(),
-                _ => break,
-            };
-            let [call] = proposed.as_slice() else { break };
-            let kept = self.check_call(call).is_ok()
-                && self.executor.tools().get(&call.tool).is_some_and(|tool| {
-                    let schema = self.config.drop_unstated_options.then_some(&tool.spec().parameters);
-                    turns.evidence.is_new_requested_item(call, &calls, schema)
-                });
-            self.emit(AgentEvent::CallProposed { step, call: call.clone(), kept });
-            if !kept {
-                break;
-            }
-            calls.push(call.clone());
-            decided.text.push_str(&out.text);
-        }
-        if calls.len() > decided.decision.calls().len() {
-            decided.decision = Decision::from_calls(decided.decision.thought().to_string(), calls);
-        }
-        Ok(())
-    }
-
-    /// Leaves out of the decision's calls the optional arguments the conversation does not state, then
-    /// the later calls it does not state (as the settings say); the reply kept in the conversation then
-    /// shows the calls as they are made.
-    fn drop_unstated(&self, evidence: &Evidence, decided: &mut Decided) {
-        let mut calls = decided.decision.calls();
-        let mut dropped = false;
-        if self.config.drop_unstated_options {
-            for call in &mut calls {
-                if let Some(tool) = self.executor.tools().get(&call.tool) {
-                    dropped |= evidence.drop_unstated_options(call, &tool.spec().parameters);
-                }
-            }
-        }
-        if self.config.drop_unstated_calls {
-            dropped |= evidence.drop_unstated_calls(&mut calls);
-        }
-        if dropped {
-            decided.text = self.syntax.render(&calls);
-            decided.decision = Decision::from_calls(decided.decision.thought().to_string(), calls);
-        }
     }
 
     /// Gets one valid decision, retrying extraction and validation failures with the error fed back. An

@@ -177,7 +177,15 @@ fn add_file_and_mcp_tools(tools: &mut Vec<Arc<dyn Tool>>, files: &[PathBuf], mcp
     }
     let mut servers = Vec::new();
     for c in &configs {
-        let server = McpServer::spawn(c)?;
+        let mut server = McpServer::spawn(c)?;
+        // Servers named by what they call themselves may share a name: the later ones get a number.
+        let base = server.name().to_string();
+        for n in 2.. {
+            if !servers.iter().any(|o: &McpServer| o.name() == server.name()) {
+                break;
+            }
+            server.rename(format!("{base}{n}"));
+        }
         eprintln!(
             "MCP server `{}`: {} tools, started in {:.2} s",
             server.name(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::{Done, FnTool, Need, Tool, ToolError, ToolSpec};
-pub(crate) use paths::path_in;
+pub(crate) use paths::existing_path_in;
 use paths::{paths_named_in, touched, Named, Tree};
 
 mod paths;
@@ -136,31 +136,20 @@ impl Tool for Calculator {
     }
 }
 
-/// Arithmetic the request writes, with where it starts: an operator between two numbers (`37 * 43`), or
-/// two numbers or more (`15% of 2340`, `7 books at 12.50`); dates and times (`2024-05-02`, `09:40`) are not
-/// numbers here.
+/// Arithmetic the request writes, with where it starts: an operator between two numbers (`37 * 43`,
+/// `2 ^ 10`, `98765 - 12345`, `144/12`). Numbers alone force nothing (`2 cats and 3 dogs`, `top 10 films of
+/// 2023`): whether to compute is the model's choice. `-`, `x` and `/` between spaces or, for `/`, between
+/// digits alone; a date, a version or a size (`12/25/2024`, `1.2-3`, `1920x1080`) is no expression.
 fn arithmetic_in(request: &str) -> Option<(usize, String)> {
-    static RE: std::sync::OnceLock<(regex::Regex, regex::Regex)> = std::sync::OnceLock::new();
-    let (operator, number) = RE.get_or_init(|| {
-        (
-            regex::Regex::new(r"\d+(?:\.\d+)?(?:\s*[+*/×÷^]\s*|\s+-\s+)\(?\d+(?:\.\d+)?").expect("a valid regex"),
-            regex::Regex::new(r"[\w.:/-]*\d[\w.:/-]*").expect("a valid regex"),
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        regex::Regex::new(
+            r"(?:^|[^\w.:/-])(\d+(?:\.\d+)?(?:\s*[+*×÷^]\s*|\s+[-/x]\s+|/)\(?\d+(?:\.\d+)?)(?:$|[^\w.:/-])",
         )
+        .expect("a valid regex")
     });
-    if let Some(m) = operator.find(request) {
-        return Some((m.start(), m.as_str().to_string()));
-    }
-    let numbers: Vec<(usize, &str)> = number
-        .find_iter(request)
-        .map(|m| (m.start(), m.as_str().trim_end_matches(['.', ':', '/', '-'])))
-        .filter(|(_, w)| {
-            // A plain number, maybe with a decimal point: not a date, a time, a version or a word with digits.
-            let digits = w.bytes().filter(u8::is_ascii_digit).count();
-            digits > 0 && w.bytes().all(|b| b.is_ascii_digit() || b == b'.') && w.matches('.').count() <= 1
-        })
-        .collect();
-    let at = numbers.first()?.0;
-    (numbers.len() >= 2).then(|| (at, numbers.iter().map(|(_, w)| *w).collect::<Vec<_>>().join(", ")))
+    let m = re.captures(request)?.get(1)?;
+    Some((m.start(), m.as_str().to_string()))
 }
 
 /// What a file tool does.
@@ -229,10 +218,6 @@ impl Tool for FileTool {
                 };
                 let reason = format!("the request names `{path}`");
                 fits.then(|| Need { reason, at, calls: vec![self.narrowed(&path)] })
-            }
-            // A path that does not exist needs some call to find what was meant (said by read_file).
-            Named::Shaped(word) if done.is_empty() && self.kind == FileKind::Read => {
-                Some(Need { reason: format!("the request names a path (`{word}`)"), at, calls: Vec::new() })
             }
             _ => None,
         })

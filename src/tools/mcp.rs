@@ -59,6 +59,11 @@ pub struct McpConfig {
     /// Seconds before the first retry, doubled for each next one.
     #[serde(default = "default_backoff_s")]
     pub backoff_s: f64,
+    /// Take the name the server gives itself (`serverInfo.name` in its answer to `initialize`,
+    /// sanitised) instead of `name`, which then names it only until it answers: `--mcp` servers, whose
+    /// command line says little (`node …/dist/index.js`). A tools file's names are the user's.
+    #[serde(skip)]
+    pub name_from_server: bool,
 }
 
 fn default_backoff_s() -> f64 {
@@ -91,6 +96,7 @@ impl McpConfig {
             tools: None,
             retries: 0,
             backoff_s: default_backoff_s(),
+            name_from_server: false,
         }
     }
 
@@ -100,7 +106,9 @@ impl McpConfig {
         let bad = |reason: String| Error::Tool { tool: format!("--mcp '{line}'"), reason };
         let words = shell_words::split(line).map_err(|e| bad(format!("cannot split the command: {e}")))?;
         let (command, args) = words.split_first().ok_or_else(|| bad("no command".into()))?;
-        Ok(McpConfig::new(server_name(command, args), command.clone()).args(args.to_vec()))
+        let mut config = McpConfig::new(server_name(command, args), command.clone()).args(args.to_vec());
+        config.name_from_server = true;
+        Ok(config)
     }
 
     fn timeout(&self) -> Result<Duration> {
@@ -128,13 +136,22 @@ fn server_name(command: &str, args: &[String]) -> String {
         .rsplit_once('.')
         .filter(|(_, ext)| ["js", "py", "mjs", "ts"].contains(ext))
         .map_or(word.as_str(), |(w, _)| w);
-    let word = ["mcp-server-", "server-", "mcp-"].iter().fold(word, |w, p| w.strip_prefix(p).unwrap_or(w));
-    let name: String = word.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let name = sanitised(word);
     if name.is_empty() {
         "mcp".into()
     } else {
         name
     }
+}
+
+/// A server's name as reagent uses it: without an `mcp-`/`server-` prefix or a `-server`/`-mcp` suffix,
+/// reduced to letters, digits, `_` and `-`, at most 40 characters (`secure-filesystem-server` →
+/// `secure-filesystem`); empty when nothing is left.
+fn sanitised(word: &str) -> String {
+    let word = word.trim();
+    let word = ["mcp-server-", "server-", "mcp-"].iter().fold(word, |w, p| w.strip_prefix(p).unwrap_or(w));
+    let word = ["-mcp-server", "-server", "-mcp"].iter().fold(word, |w, p| w.strip_suffix(p).unwrap_or(w));
+    word.chars().take(40).map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
 }
 
 /// A running MCP server and the tools it listed.
@@ -194,6 +211,12 @@ impl McpServer {
             Err(w) => return Err(fail(conn.with_stderr(w.describe("initialize", timeout)))),
         };
         let peer = service.peer().clone();
+        if config.name_from_server {
+            let own = service.peer_info().map(|i| sanitised(&i.server_info.name)).unwrap_or_default();
+            if own.chars().any(|c| c.is_ascii_alphanumeric()) {
+                conn.name = own;
+            }
+        }
         conn.service = Some(service);
         let listed = match conn.wait(peer.list_all_tools(), timeout) {
             Ok(Ok(t)) => t,
@@ -233,6 +256,18 @@ impl McpServer {
     /// The server's name.
     pub fn name(&self) -> &str {
         &self.conn.name
+    }
+
+    /// Names the server `name` (two servers that give themselves one name). Only before its tools are
+    /// handed out ([`Self::tools`], [`tools_of`]), which carry the name they were made with; false after.
+    pub fn rename(&mut self, name: impl Into<String>) -> bool {
+        match Arc::get_mut(&mut self.conn) {
+            Some(c) => {
+                c.name = name.into();
+                true
+            }
+            None => false,
+        }
     }
 
     /// How long start-up took (process start, initialize, tools/list).
@@ -302,7 +337,6 @@ impl Tool for McpTool {
 
     fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
         super::Need::of_path_parameter(&self.spec, request, done)
-            .or_else(|| super::Need::of_named_action(&self.spec, request, done))
     }
 
     fn call(&self, args: &Value) -> std::result::Result<Value, ToolError> {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use builtin::{builtin_tools, BuiltinOptions};
-pub(crate) use builtin::{calculate, path_in};
+pub(crate) use builtin::{calculate, existing_path_in};
 pub use executor::{repeat_note, CallOutcome, Executor, Interceptor, InterceptorAction};
 
 pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTool, ToolsFileContents, MAX_TIMEOUT_S};
@@ -201,8 +201,9 @@ impl Need {
     }
 
     /// A need for any tool that takes a path (a parameter named `path` or `…_path`, `file`, `filename`)
-    /// when the request names something shaped like one and nothing has run yet: the first call of a tool
-    /// from outside the built-ins (an MCP server's file tools), whose reach reagent does not know.
+    /// when the request names an absolute path that exists (live state, not a word's shape) and nothing
+    /// has run yet: the first call of a tool from outside the built-ins (an MCP server's file tools, which
+    /// reach what the built-ins' root does not), met only by such tools.
     pub fn of_path_parameter(spec: &ToolSpec, request: &str, done: &[Done]) -> Option<Need> {
         let props = spec.parameters.get("properties")?.as_object()?;
         let takes_path = props.keys().any(|k| {
@@ -212,36 +213,8 @@ impl Need {
         if !takes_path || !done.is_empty() {
             return None;
         }
-        let (at, word) = path_in(request)?;
-        Some(Need { reason: format!("the request names a path (`{word}`)"), at, calls: Vec::new() })
-    }
-}
-
-impl Need {
-    /// A need for `spec`'s tool when the request names its action: every part of the tool's name (split at
-    /// `_`, `-`, `.` and case changes, parts of three letters or more, a server's prefix left out) starts a
-    /// word of the request ("Send a message to bob@…" names `send_message`; "What is Apple's stock price?"
-    /// names `stock_price`), and the tool has not run yet. For tools from tools files and MCP servers, whose
-    /// use reagent knows only by their names.
-    pub fn of_named_action(spec: &ToolSpec, request: &str, done: &[Done]) -> Option<Need> {
-        if done.iter().any(|d| d.call.tool == spec.name) {
-            return None;
-        }
-        let bare = spec.name.rsplit('.').next().unwrap_or(&spec.name);
-        let parts: Vec<String> = name_words(bare).into_iter().filter(|p| p.chars().count() >= 3).collect();
-        if parts.is_empty() {
-            return None;
-        }
-        let lower = request.to_lowercase();
-        let words: Vec<(usize, &str)> = word_spans(&lower);
-        let mut first = usize::MAX;
-        for part in &parts {
-            let (at, _) = words.iter().find(|(_, w)| w.starts_with(part.as_str()))?;
-            first = first.min(*at);
-        }
-        // Offsets of the lower-cased text; the request's own where lower-casing kept the lengths.
-        let at = if lower.len() == request.len() { first } else { 0 };
-        Some(Need::new(format!("the request names `{}`", spec.name), at).calls(vec![spec.clone()]))
+        let (at, word) = existing_path_in(request)?;
+        Some(Need::new(format!("the request names `{word}`"), at).calls(vec![spec.clone()]))
     }
 }
 
@@ -262,23 +235,6 @@ pub fn name_words(name: &str) -> Vec<String> {
     }
     if !cur.is_empty() {
         out.push(cur);
-    }
-    out
-}
-
-/// The alphanumeric words of `text` with their byte offsets.
-fn word_spans(text: &str) -> Vec<(usize, &str)> {
-    let mut out = Vec::new();
-    let mut start = None;
-    for (i, c) in text.char_indices().chain(std::iter::once((text.len(), ' '))) {
-        match (c.is_alphanumeric(), start) {
-            (true, None) => start = Some(i),
-            (false, Some(s)) => {
-                out.push((s, &text[s..i]));
-                start = None;
-            }
-            _ => {}
-        }
     }
     out
 }

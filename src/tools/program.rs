@@ -177,10 +177,6 @@ impl Tool for ProgramTool {
         self.read_only
     }
 
-    fn needed_for(&self, request: &str, done: &[super::Done]) -> Option<super::Need> {
-        super::Need::of_named_action(&self.spec, request, done)
-    }
-
     fn retry(&self) -> super::Retry {
         self.retry
     }

@@ -91,6 +91,7 @@ impl Agent {
                 matches!(outcome, CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. });
             run.after_error |= failed && self.config.call_after_error && !forced_after_error;
             if let Some(error) = outcome.error_text() {
+                run.alternatives.extend(alternatives_in(&error));
                 run.failures.push((call.tool.clone(), error));
             }
             // The note on a refused repeat is no answer either.
@@ -279,7 +280,7 @@ impl Agent {
             return CallOutcome::Error { message };
         }
         let others: Vec<String> = others.iter().map(|n| format!("`{n}`")).collect();
-        CallOutcome::Error { message: format!("{message} (other tools for this: {})", others.join(", ")) }
+        CallOutcome::Error { message: format!("{message}{ALTERNATIVES}{})", others.join(", ")) }
     }
 
     /// The earlier outcome of `call` when it goes back to a successful call made two or three calls before
@@ -321,4 +322,14 @@ fn note_outcome(
     }
     recent.push((call.clone(), outcome.clone()));
     history.push((call.clone(), outcome.clone()));
+}
+
+/// How [`Agent::with_alternatives`] names the other tools in a failed call's error.
+const ALTERNATIVES: &str = " (other tools for this: ";
+
+/// The tools a failed call's error names as the ones for the job ([`Agent::with_alternatives`]).
+fn alternatives_in(error: &str) -> Vec<String> {
+    let Some((_, list)) = error.rsplit_once(ALTERNATIVES) else { return Vec::new() };
+    let list = list.strip_suffix(')').unwrap_or(list);
+    list.split(", ").filter_map(|n| n.strip_prefix('`')?.strip_suffix('`')).map(String::from).collect()
 }

@@ -89,58 +89,44 @@ fn is_path_shaped(w: &str) -> bool {
             || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
 }
 
-/// The first word of `request` shaped like a path, with where it starts: a tool that takes a path is then
-/// needed ([`Tool::needed_for`] of tools outside the built-ins, an MCP server's file tools).
-pub(crate) fn path_in(request: &str) -> Option<(usize, &str)> {
-    path_words(request).into_iter().find(|(_, w)| is_path_shaped(w))
+/// The first word of `request` that is an absolute path to something that exists, with where it starts:
+/// a tool that takes a path is then needed ([`Tool::needed_for`] of tools outside the built-ins, an MCP
+/// server's file tools).
+pub(crate) fn existing_path_in(request: &str) -> Option<(usize, &str)> {
+    path_words(request).into_iter().find(|(_, w)| {
+        let p = Path::new(w);
+        is_path_shaped(w) && p.is_absolute() && p.exists()
+    })
 }
 
 /// What a word of a request names.
 pub(super) enum Named {
     /// A file or folder (`true`) under the root.
     Entry(String, bool),
-    /// Nothing that exists, but shaped like a file name or path.
-    Shaped(String),
 }
 
 /// The paths the request names, in order, with where: words that are a path or a file or directory name
-/// under the root (any case), or that are shaped like a file name (`settings.ini`, `docs/notes.md`) even
-/// where nothing of that name exists (a wrong path still needs a call to find the right one). Only where
-/// there are none, a file's name without its extension ("the inventory file").
+/// under the root (any case). Only what exists: a word shaped like a file name that names nothing here
+/// ("What is a package.json file for?"), or a file's name without its extension, forces nothing.
 pub(super) fn paths_named_in(request: &str, tree: Option<&Tree>) -> Vec<(usize, Named)> {
-    // (name as the request may write it, path, a folder, written whole rather than without its extension)
-    let mut names: Vec<(String, &str, bool, bool)> = Vec::new();
+    // (name as the request may write it, path, a folder)
+    let mut names: Vec<(String, &str, bool)> = Vec::new();
     if let Some(t) = tree {
         for (p, is_dir) in t.files.iter().map(|p| (p, false)).chain(t.dirs[1..].iter().map(|p| (p, true))) {
             let name = p.rsplit('/').next().unwrap_or(p);
-            let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
-            names.push((p.to_lowercase(), p, is_dir, true));
-            names.push((name.to_lowercase(), p, is_dir, true));
-            if stem != name {
-                names.push((stem.to_lowercase(), p, is_dir, false));
-            }
+            names.push((p.to_lowercase(), p, is_dir));
+            names.push((name.to_lowercase(), p, is_dir));
         }
         names.retain(|(n, ..)| n.chars().count() >= 3);
     }
-    let words = path_words(request);
-    let pass = |whole: bool| -> Vec<(usize, Named)> {
-        let mut found = Vec::new();
-        for &(at, w) in &words {
-            let lower = w.to_lowercase();
-            match names.iter().find(|(n, _, _, exact)| *n == lower && *exact == whole) {
-                Some((_, path, is_dir, _)) => found.push((at, Named::Entry(path.to_string(), *is_dir))),
-                None if whole && is_path_shaped(w) => found.push((at, Named::Shaped(w.to_string()))),
-                None => {}
-            }
+    let mut found = Vec::new();
+    for (at, w) in path_words(request) {
+        let lower = w.to_lowercase();
+        if let Some((_, path, is_dir)) = names.iter().find(|(n, ..)| *n == lower) {
+            found.push((at, Named::Entry(path.to_string(), *is_dir)));
         }
-        found
-    };
-    let found = pass(true);
-    if found.is_empty() {
-        pass(false)
-    } else {
-        found
     }
+    found
 }
 
 /// A path as the file tools show it: as it is when it is UTF-8, else with each byte that is not part of
