@@ -13,7 +13,7 @@ use super::layers::{
     forward_shared, host_vec, last_position, matvec_host, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm,
     Rope, RopeStyle, Weight,
 };
-use super::{Hparams, Logits};
+use super::{HostPath, Hparams, Logits};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 
@@ -49,10 +49,8 @@ pub struct Gemma3 {
     device: Device,
     len: usize,
     max_len: usize,
-    /// Decode steps run on host buffers ([`Gemma3::step`]): the CPU, every block's weights on the kernels.
-    host_steps: bool,
-    /// Every batch through [`Self::steps`] (batch invariance, [`super::LoadOptions::batch_invariant`]).
-    invariant: bool,
+    /// Which batches run on host buffers ([`Self::step`], [`Self::steps`]).
+    host: HostPath,
     scratch: host::Scratch,
 }
 
@@ -112,8 +110,7 @@ impl Gemma3 {
             device: dev.clone(),
             len: 0,
             max_len,
-            host_steps,
-            invariant: false,
+            host: HostPath::new(host_steps),
             scratch: Default::default(),
         })
     }
@@ -191,16 +188,7 @@ impl Gemma3 {
             host::add(&mut s.x, &s.h);
         }
         self.len += m;
-        if want == Logits::Skip {
-            return Ok(Vec::new());
-        }
-        if want == Logits::Last {
-            let d = s.x.len() / m;
-            self.norm.host(&s.x[(m - 1) * d..], &mut s.h);
-            return self.output.row_host(&s.h, &self.device);
-        }
-        self.norm.host_rows(&s.x, &mut s.h);
-        self.output.rows_host(&s.h, m, &self.device)
+        super::host_logits((&self.norm, &self.output), &s.x, m, want, &mut s.h, &self.device)
     }
 }
 
@@ -225,8 +213,7 @@ impl super::Network for Gemma3 {
     }
 
     fn set_batch_invariant(&mut self, on: bool) -> bool {
-        self.invariant = on && self.host_steps;
-        self.invariant
+        self.host.set_invariant(on)
     }
 
     fn export_kv(&self, len: usize) -> Option<Vec<super::attention::KvBlock>> {
@@ -240,16 +227,12 @@ impl super::Network for Gemma3 {
     }
 
     fn verify_batch(&self) -> usize {
-        if self.host_steps {
-            super::VERIFY_BATCH
-        } else {
-            1
-        }
+        self.host.verify_batch()
     }
 
     fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         match tokens.len() {
-            2.. if self.host_steps && (self.invariant || tokens.len() <= super::VERIFY_BATCH) => {
+            2.. if self.host.takes(tokens.len()) => {
                 super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want))
             }
             _ => super::forward_each(self, tokens),
@@ -259,9 +242,9 @@ impl super::Network for Gemma3 {
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         // On host buffers every token is computed as it would be alone (batch invariance: see
         // `Llama::forward`).
-        match (tokens, self.host_steps) {
+        match (tokens, self.host.steps) {
             ([token], true) => return self.step(*token),
-            (_, true) if self.invariant || tokens.len() <= super::VERIFY_BATCH => {
+            (_, true) if self.host.takes(tokens.len()) => {
                 return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want))
             }
             _ => {}

@@ -161,6 +161,41 @@ pub const VERIFY_BATCH: usize = 16;
 /// result (each token's arithmetic is its own), only the speed.
 const HOST_CHUNK: usize = 64;
 
+/// Which batches a network runs on host buffers (its `steps`): a decode step's arithmetic, token by token.
+#[derive(Clone, Copy, Default)]
+struct HostPath {
+    /// The CPU, every block's weights on the kernels: single tokens and decode-sized batches.
+    steps: bool,
+    /// Every batch, prompts too (batch invariance, [`LoadOptions::batch_invariant`]).
+    invariant: bool,
+}
+
+impl HostPath {
+    fn new(steps: bool) -> Self {
+        Self { steps, invariant: false }
+    }
+
+    /// Asks for batch invariance; says whether it holds.
+    fn set_invariant(&mut self, on: bool) -> bool {
+        self.invariant = on && self.steps;
+        self.invariant
+    }
+
+    /// Whether a batch of `n` tokens (two or more) runs on host buffers.
+    fn takes(&self, n: usize) -> bool {
+        self.steps && (self.invariant || n <= VERIFY_BATCH)
+    }
+
+    /// [`Network::verify_batch`].
+    fn verify_batch(&self) -> usize {
+        if self.steps {
+            VERIFY_BATCH
+        } else {
+            1
+        }
+    }
+}
+
 /// Which logits a batch on host buffers returns.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Logits {
@@ -170,6 +205,30 @@ enum Logits {
     Last,
     /// Every position's, one row after another.
     All,
+}
+
+/// The logits `want` says of a batch's `m` final host rows `x`: the final norm, then the output layer
+/// (`h` is scratch).
+fn host_logits(
+    (norm, output): (&layers::RmsNorm, &layers::Linear),
+    x: &[f32],
+    m: usize,
+    want: Logits,
+    h: &mut Vec<f32>,
+    dev: &Device,
+) -> Result<Vec<f32>> {
+    match want {
+        Logits::Skip => Ok(Vec::new()),
+        Logits::Last => {
+            let d = x.len() / m;
+            norm.host(&x[(m - 1) * d..], h);
+            output.row_host(h, dev)
+        }
+        Logits::All => {
+            norm.host_rows(x, h);
+            output.rows_host(h, m, dev)
+        }
+    }
 }
 
 /// `steps` over `tokens` in passes of [`HOST_CHUNK`]: every position's logits for [`Logits::All`], else
