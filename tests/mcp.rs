@@ -141,6 +141,11 @@ fn servers_that_do_not_start_are_errors_naming_them() {
         assert!(err.contains("MCP server `broken`") && err.contains(expect), "{mode}: {err}");
         assert!(t0.elapsed() < Duration::from_secs(8), "{mode}: {:?}", t0.elapsed());
     }
+    // Garbage in answer to `initialize` fails at once, not at the end of a long timeout, and says so.
+    let t0 = Instant::now();
+    let err = McpServer::spawn(&test_server("broken", "garbage", 30.0)).err().expect("garbage").to_string();
+    assert!(err.contains("MCP server `broken`") && err.contains("not JSON: this is not JSON-RPC"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "garbage took {:?} to refuse", t0.elapsed());
     let mut c = test_server("missing", "ok", 1.0);
     c.command = "/nonexistent/mcp-server".into();
     let err = McpServer::spawn(&c).err().unwrap().to_string();

@@ -27,7 +27,6 @@ use serde_json::Value;
 
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
 use rmcp::ServiceExt;
 
 use super::{Tool, ToolError, ToolSpec};
@@ -181,21 +180,24 @@ impl McpServer {
         // Its own process group: the server and whatever it starts are killed together.
         #[cfg(unix)]
         command.process_group(0);
-        let (transport, stderr) = {
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = {
             let _in_runtime = runtime.enter();
-            TokioChildProcess::builder(command)
-                .stderr(Stdio::piped())
-                .spawn()
-                .map_err(|e| fail(format!("cannot run `{}`: {e}", config.command)))?
+            command.spawn().map_err(|e| fail(format!("cannot run `{}`: {e}", config.command)))?
         };
-        let pid = transport.id();
+        let pid = child.id();
         if let Some(p) = pid {
             live_groups().push(p);
         }
         let stderr_tail = Arc::new(Mutex::new(String::new()));
-        if let Some(stderr) = stderr {
+        if let Some(stderr) = child.stderr.take() {
             runtime.spawn(keep_tail(stderr, stderr_tail.clone()));
         }
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(fail("its standard input and output could not be piped".into()));
+        };
+        let garbage = Arc::new(Mutex::new(None));
+        let transport = (screened(stdout, &runtime, garbage.clone()), stdin);
         if config.retries > super::Retry::MAX_TIMES || !(0.0..=60.0).contains(&config.backoff_s) {
             return Err(fail(format!(
                 "`retries` is at most {} and `backoff_s` between 0 and 60",
@@ -203,11 +205,27 @@ impl McpServer {
             )));
         }
         let retry = super::Retry::new(config.retries, Duration::from_secs_f64(config.backoff_s));
-        let mut conn =
-            Connection { name: config.name.clone(), runtime, service: None, pid, stderr_tail, timeout, retry };
+        let mut conn = Connection {
+            name: config.name.clone(),
+            runtime,
+            service: None,
+            _child: Some(child),
+            pid,
+            stderr_tail,
+            timeout,
+            retry,
+        };
         let service = match conn.wait(().serve(transport), timeout) {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(fail(conn.with_stderr(format!("did not start: {e}")))),
+            Ok(Err(e)) => {
+                let why = match garbage.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    Some(line) => {
+                        format!("did not start: it answered `initialize` with a line that is not JSON: {line}")
+                    }
+                    None => format!("did not start: {e}"),
+                };
+                return Err(fail(conn.with_stderr(why)));
+            }
             Err(w) => return Err(fail(conn.with_stderr(w.describe("initialize", timeout)))),
         };
         let peer = service.peer().clone();
@@ -411,6 +429,48 @@ fn cap_output(mut text: String, max: usize) -> String {
 }
 
 /// Keeps the last 4 KiB of the server's stderr, for error messages.
+/// The server's output as the session reads it, screened until its first line: a first line that is not
+/// JSON (a server that writes a banner or garbage where JSON-RPC belongs) ends the session at once, the
+/// line kept in `garbage` for the error, instead of the client waiting out its timeout for an answer that
+/// will not come. After a first JSON line, everything is passed on as it comes.
+fn screened(
+    stdout: tokio::process::ChildStdout,
+    runtime: &tokio::runtime::Runtime,
+    garbage: Arc<Mutex<Option<String>>>,
+) -> tokio::io::DuplexStream {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    /// The longest first line read whole; a longer one is not an `initialize` answer worth waiting for.
+    const FIRST_LINE_MAX: u64 = 1 << 20;
+    let (mut tx, rx) = tokio::io::duplex(64 * 1024);
+    runtime.spawn(async move {
+        let mut out = tokio::io::BufReader::new(stdout);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match (&mut out).take(FIRST_LINE_MAX).read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            if serde_json::from_str::<Value>(text).is_err() {
+                let shown: String = text.chars().take(200).collect();
+                *garbage.lock().unwrap_or_else(|p| p.into_inner()) = Some(shown);
+                return; // `tx` dropped: the session reads its end
+            }
+            if tx.write_all(&line).await.is_err() {
+                return;
+            }
+            break;
+        }
+        let _ = tokio::io::copy(&mut out, &mut tx).await;
+    });
+    rx
+}
+
 async fn keep_tail(mut stderr: tokio::process::ChildStderr, tail: Arc<Mutex<String>>) {
     use tokio::io::AsyncReadExt;
     let mut buf = [0u8; 4096];
@@ -450,6 +510,9 @@ struct Connection {
     name: String,
     runtime: tokio::runtime::Runtime,
     service: Option<RunningService<RoleClient, ()>>,
+    /// The server's process, held so that it is killed when the connection goes (`kill_on_drop`), after
+    /// its group (see `Drop`).
+    _child: Option<tokio::process::Child>,
     pid: Option<u32>,
     stderr_tail: Arc<Mutex<String>>,
     timeout: Duration,
