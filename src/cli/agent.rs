@@ -164,21 +164,13 @@ fn add_file_and_mcp_tools(tools: &mut Vec<Arc<dyn Tool>>, files: &[PathBuf], mcp
         configs.extend(contents.mcp);
     }
     for line in mcp {
-        let mut c = McpConfig::from_command_line(line)?;
-        // Two --mcp servers of one package get distinct names.
-        let base = c.name.clone();
-        for n in 2.. {
-            if !configs.iter().any(|o: &McpConfig| o.name == c.name) {
-                break;
-            }
-            c.name = format!("{base}{n}");
-        }
-        configs.push(c);
+        configs.push(McpConfig::from_command_line(line)?);
     }
     let mut servers = Vec::new();
     for c in &configs {
         let mut server = McpServer::spawn(c)?;
-        // Servers named by what they call themselves may share a name: the later ones get a number.
+        // Servers that share a name (two of one package, or named alike by what they call themselves):
+        // the later ones get a number.
         let base = server.name().to_string();
         for n in 2.. {
             if !servers.iter().any(|o: &McpServer| o.name() == server.name()) {

@@ -10,8 +10,8 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, host_vec, last_position, matvec_host, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm,
-    Rope, RopeStyle, Weight,
+    forward_shared, host_vec, last_position, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm, Rope, RopeStyle,
+    Weight,
 };
 use super::{HostPath, Hparams, Logits};
 use crate::error::Result;
@@ -49,7 +49,7 @@ pub struct Gemma3 {
     device: Device,
     len: usize,
     max_len: usize,
-    /// Which batches run on host buffers ([`Self::step`], [`Self::steps`]).
+    /// Which batches run on host buffers ([`Self::steps`]).
     host: HostPath,
     scratch: host::Scratch,
 }
@@ -115,42 +115,8 @@ impl Gemma3 {
         })
     }
 
-    /// One token on host buffers (see `Llama::step`), with Gemma's scaled embedding, per-head q/k norms,
-    /// post-norms and sliding windows.
-    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
-        let hp = &self.hp;
-        let (kv, hd) = (hp.kv_heads, hp.head_dim);
-        let pos = self.len;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let s = &mut self.scratch;
-        s.x = self.embed.rows(&[token], &self.device)?.flatten_all()?.to_vec1::<f32>()?;
-        let embed_scale = (hp.dim as f64).sqrt() as f32;
-        s.x.iter_mut().for_each(|x| *x *= embed_scale);
-        for b in &mut self.blocks {
-            b.attn_norm.host(&s.x, &mut s.h);
-            matvec_host([&b.q, &b.k, &b.v], &s.h, [&mut s.q, &mut s.k, &mut s.v])?;
-            b.q_norm.host_heads(&mut s.q);
-            b.k_norm.host_heads(&mut s.k);
-            let rope = if b.window.is_some() { &self.rope_local } else { &self.rope_global };
-            rope.host(&mut s.q, pos)?;
-            s.q.iter_mut().for_each(|x| *x *= scale);
-            rope.host(&mut s.k, pos)?;
-            b.cache.attend_host(&s.q, (&s.k, &s.v), kv, b.window, &mut s.a)?;
-            matvec_host([&b.o], &s.a, [&mut s.y])?;
-            b.post_attn_norm.host(&s.y, &mut s.h);
-            host::add(&mut s.x, &s.h);
-            b.ffn_norm.host(&s.x, &mut s.h);
-            b.mlp.host(&s.h, (&mut s.gate, &mut s.up), &mut s.y)?;
-            b.post_ffn_norm.host(&s.y, &mut s.h);
-            host::add(&mut s.x, &s.h);
-        }
-        self.len += 1;
-        self.norm.host(&s.x, &mut s.h);
-        self.output.row_host(&s.h, &self.device)
-    }
-
-    /// A batch of tokens on host buffers, each weight read once for all of them: [`Self::step`]'s
-    /// arithmetic row by row, bit for bit (see `Llama::steps`); the logits `want` says.
+    /// Tokens on host buffers, each with a decode step's arithmetic (see `Llama::steps`), with Gemma's
+    /// scaled embedding, per-head q/k norms, post-norms and sliding windows; the logits `want` says.
     fn steps(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let hp = &self.hp;
         let (m, kv, hd) = (tokens.len(), hp.kv_heads, hp.head_dim);
@@ -231,23 +197,17 @@ impl super::Network for Gemma3 {
     }
 
     fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        match tokens.len() {
-            2.. if self.host.takes(tokens.len()) => {
-                super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want))
-            }
-            _ => super::forward_each(self, tokens),
+        match self.host.takes(tokens.len()) {
+            true => super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want)),
+            false => super::forward_each(self, tokens),
         }
     }
 
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         // On host buffers every token is computed as it would be alone (batch invariance: see
         // `Llama::forward`).
-        match (tokens, self.host.steps) {
-            ([token], true) => return self.step(*token),
-            (_, true) if self.host.takes(tokens.len()) => {
-                return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want))
-            }
-            _ => {}
+        if self.host.takes(tokens.len()) {
+            return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want));
         }
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);

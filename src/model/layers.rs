@@ -619,14 +619,8 @@ impl GatedMlp {
         [&self.gate, &self.up, &self.down].iter().all(|l| l.on_kernels())
     }
 
-    /// `down(act(gate(x)) · up(x))` for one host row into `out`, with `gate` and `up` as scratch.
-    pub(crate) fn host(&self, x: &[f32], (gate, up): (&mut Vec<f32>, &mut Vec<f32>), out: &mut Vec<f32>) -> Result<()> {
-        matvec_host([&self.gate, &self.up], x, [&mut *gate, &mut *up])?;
-        super::host::gated(gate, up, self.gelu);
-        matvec_host([&self.down], gate, [out])
-    }
-
-    /// [`Self::host`] for `m` rows of `x`, each weight read once for all of them.
+    /// `down(act(gate(x)) · up(x))` for `m` host rows of `x` into `out`, with `gate` and `up` as scratch,
+    /// each weight read once for all of them (one row: a decode step's mat-vecs).
     pub(crate) fn host_rows(
         &self,
         x: &[f32],

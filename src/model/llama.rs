@@ -13,8 +13,8 @@ use candle_core::Device;
 use super::attention::{attention, KvCache};
 use super::host;
 use super::layers::{
-    forward_shared, host_vec, last_position, matvec_host, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm,
-    Rope, RopeStyle, Weight,
+    forward_shared, host_vec, last_position, matvec_host_rows, split_heads, GatedMlp, Linear, RmsNorm, Rope, RopeStyle,
+    Weight,
 };
 use super::{HostPath, Hparams, Logits};
 use crate::error::Result;
@@ -58,7 +58,7 @@ pub struct Llama {
     device: Device,
     len: usize,
     max_len: usize,
-    /// Which batches run on host buffers ([`Self::step`], [`Self::steps`]).
+    /// Which batches run on host buffers ([`Self::steps`]).
     host: HostPath,
     scratch: host::Scratch,
 }
@@ -176,42 +176,10 @@ impl Llama {
         })
     }
 
-    /// One token on host buffers: the blocks' element-wise work and attention without tensors
-    /// (`model::host`), the mat-vecs on the kernels. The same arithmetic as [`Self::forward`]'s tensor
-    /// path, to rounding.
-    fn step(&mut self, token: u32) -> Result<Vec<f32>> {
-        let hp = &self.hp;
-        let (kv, hd) = (hp.kv_heads, hp.head_dim);
-        let pos = self.len;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let s = &mut self.scratch;
-        s.x = self.embed.rows(&[token], &self.device)?.flatten_all()?.to_vec1::<f32>()?;
-        for b in &mut self.blocks {
-            b.attn_norm.host(&s.x, &mut s.h);
-            matvec_host([&b.q, &b.k, &b.v], &s.h, [&mut s.q, &mut s.k, &mut s.v])?;
-            if let Some((qn, kn)) = &b.qk_norm {
-                qn.host_heads(&mut s.q);
-                kn.host_heads(&mut s.k);
-            }
-            s.q.iter_mut().for_each(|x| *x *= scale);
-            if b.rotary {
-                self.rope.host(&mut s.q, pos)?;
-                self.rope.host(&mut s.k, pos)?;
-            }
-            b.cache.attend_host(&s.q, (&s.k, &s.v), kv, None, &mut s.a)?;
-            matvec_host([&b.o], &s.a, [&mut s.y])?;
-            host::add(&mut s.x, &s.y);
-            b.ffn_norm.host(&s.x, &mut s.h);
-            b.mlp.host(&s.h, (&mut s.gate, &mut s.up), &mut s.y)?;
-            host::add(&mut s.x, &s.y);
-        }
-        self.len += 1;
-        self.norm.host(&s.x, &mut s.h);
-        self.output.row_host(&s.h, &self.device)
-    }
-    /// A batch of tokens on host buffers, each weight read once for all of them: [`Self::step`]'s
-    /// arithmetic row by row, bit for bit; the logits `want` says (every position's: `tokens.len() ×
-    /// vocab`).
+    /// Tokens on host buffers (`model::host`: the blocks' element-wise work and attention without
+    /// tensors, the products on the kernels), each weight read once for all of them, every row with a
+    /// decode step's arithmetic: one token is a decode step, and a token's numbers are the same bits in
+    /// any batch. The logits `want` says (every position's: `tokens.len() × vocab`).
     fn steps(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
         let hp = &self.hp;
         let (m, kv, hd) = (tokens.len(), hp.kv_heads, hp.head_dim);
@@ -291,28 +259,22 @@ impl super::Network for Llama {
     }
 
     fn forward_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        match tokens.len() {
-            2.. if self.host.takes(tokens.len()) => {
-                super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want))
-            }
-            _ => super::forward_each(self, tokens),
+        match self.host.takes(tokens.len()) {
+            true => super::host_chunks(tokens, Logits::All, |t, want| self.steps(t, want)),
+            false => super::forward_each(self, tokens),
         }
     }
 
     /// Runs `tokens` at the end of the cache; returns the last position's logits.
     fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        // Batch invariance: on host buffers every batch (a prompt, a sampled token with forced ones,
-        // speculation's drafts) goes through `steps`, whose arithmetic is one token's, row by row: a
-        // token's logits and KV entries are the same bits however the tokens are grouped and wherever
-        // the batch starts, so a prefix loaded, kept or computed anew gives the same answer. Without
-        // it (`LoadOptions::batch_invariant` off) only decode-sized batches do, and prompts take the
-        // tensor path's batched kernels.
-        match (tokens, self.host.steps) {
-            ([token], true) => return self.step(*token),
-            (_, true) if self.host.takes(tokens.len()) => {
-                return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want))
-            }
-            _ => {}
+        // Batch invariance: on host buffers every batch (a decode step, a prompt, a sampled token with
+        // forced ones, speculation's drafts) goes through `steps`, whose arithmetic is one token's, row
+        // by row: a token's logits and KV entries are the same bits however the tokens are grouped and
+        // wherever the batch starts, so a prefix loaded, kept or computed anew gives the same answer.
+        // Without it (`LoadOptions::batch_invariant` off) only decode-sized batches do, and prompts take
+        // the tensor path's batched kernels.
+        if self.host.takes(tokens.len()) {
+            return super::host_chunks(tokens, Logits::Last, |t, want| self.steps(t, want));
         }
         let hp = &self.hp;
         let (heads, kv, hd) = (hp.heads, hp.kv_heads, hp.head_dim);

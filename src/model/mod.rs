@@ -164,7 +164,7 @@ const HOST_CHUNK: usize = 64;
 /// Which batches a network runs on host buffers (its `steps`): a decode step's arithmetic, token by token.
 #[derive(Clone, Copy, Default)]
 struct HostPath {
-    /// The CPU, every block's weights on the kernels: single tokens and decode-sized batches.
+    /// The CPU, every block's weights on the kernels: decode steps and decode-sized batches.
     steps: bool,
     /// Every batch, prompts too (batch invariance, [`LoadOptions::batch_invariant`]).
     invariant: bool,
@@ -181,7 +181,7 @@ impl HostPath {
         self.invariant
     }
 
-    /// Whether a batch of `n` tokens (two or more) runs on host buffers.
+    /// Whether a batch of `n` tokens runs on host buffers.
     fn takes(&self, n: usize) -> bool {
         self.steps && (self.invariant || n <= VERIFY_BATCH)
     }
@@ -378,7 +378,7 @@ impl Transformer {
             Arch::Phi3 => Box::new(llama::Llama::load(g, llama::Variant::Phi3, max_len, dev)?),
             Arch::Gemma3 => Box::new(gemma3::Gemma3::load(g, max_len, dev)?),
         };
-        let batch_invariant = net.set_batch_invariant(opts.batch_invariant && !opts.f32_reference);
+        let batch_invariant = net.set_batch_invariant(opts.batch_invariant);
         let hparams = net.hparams().clone();
         let name = g.str_opt("general.name")?.map(String::from);
         let decode_bytes_per_token = g.decode_bytes_per_token();

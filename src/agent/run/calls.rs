@@ -90,8 +90,11 @@ impl Agent {
             let failed =
                 matches!(outcome, CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. });
             run.after_error |= failed && self.config.call_after_error && !forced_after_error;
+            // The tools its error names for the job make the next decision (see `with_alternatives`).
+            if matches!(outcome, CallOutcome::Error { .. }) {
+                run.alternatives.extend(self.alternatives(&call.tool));
+            }
             if let Some(error) = outcome.error_text() {
-                run.alternatives.extend(alternatives_in(&error));
                 run.failures.push((call.tool.clone(), error));
             }
             // The note on a refused repeat is no answer either.
@@ -253,19 +256,28 @@ impl Agent {
         }
     }
 
-    /// A tool's error with the other tools that may do what it was asked (an MCP server's `read_text_file`
-    /// where the built-in `read_file` refused a path outside its root): tools whose name, without a
-    /// `server.` prefix, has every part of the failed tool's name (`read`, `file`; a part may be longer:
-    /// `dir` → `directory`). At most three.
+    /// A tool's error with the other tools that may do what it was asked ([`Self::alternatives`]).
     fn with_alternatives(&self, tool: &str, outcome: CallOutcome) -> CallOutcome {
         let CallOutcome::Error { message } = outcome else { return outcome };
+        let others = self.alternatives(tool);
+        if others.is_empty() {
+            return CallOutcome::Error { message };
+        }
+        let others: Vec<String> = others.iter().map(|n| format!("`{n}`")).collect();
+        CallOutcome::Error { message: format!("{message} (other tools for this: {})", others.join(", ")) }
+    }
+
+    /// The other tools that may do what a failed call of `tool` was asked (an MCP server's
+    /// `read_text_file` where the built-in `read_file` refused a path outside its root): tools whose name,
+    /// without a `server.` prefix, has every part of the failed tool's name (`read`, `file`; a part may be
+    /// longer: `dir` → `directory`). At most three.
+    fn alternatives(&self, tool: &str) -> Vec<String> {
         let parts = |name: &str| -> Vec<String> {
             let bare = name.rsplit('.').next().unwrap_or(name);
             bare.split(['_', '-']).filter(|p| !p.is_empty()).map(str::to_lowercase).collect()
         };
         let wanted = parts(tool);
-        let others: Vec<&str> = self
-            .executor
+        self.executor
             .tools()
             .names()
             .into_iter()
@@ -275,12 +287,8 @@ impl Agent {
                 wanted.iter().all(|w| have.iter().any(|h| h.starts_with(w.as_str())))
             })
             .take(3)
-            .collect();
-        if others.is_empty() {
-            return CallOutcome::Error { message };
-        }
-        let others: Vec<String> = others.iter().map(|n| format!("`{n}`")).collect();
-        CallOutcome::Error { message: format!("{message}{ALTERNATIVES}{})", others.join(", ")) }
+            .map(String::from)
+            .collect()
     }
 
     /// The earlier outcome of `call` when it goes back to a successful call made two or three calls before
@@ -322,14 +330,4 @@ fn note_outcome(
     }
     recent.push((call.clone(), outcome.clone()));
     history.push((call.clone(), outcome.clone()));
-}
-
-/// How [`Agent::with_alternatives`] names the other tools in a failed call's error.
-const ALTERNATIVES: &str = " (other tools for this: ";
-
-/// The tools a failed call's error names as the ones for the job ([`Agent::with_alternatives`]).
-fn alternatives_in(error: &str) -> Vec<String> {
-    let Some((_, list)) = error.rsplit_once(ALTERNATIVES) else { return Vec::new() };
-    let list = list.strip_suffix(')').unwrap_or(list);
-    list.split(", ").filter_map(|n| n.strip_prefix('`')?.strip_suffix('`')).map(String::from).collect()
 }
