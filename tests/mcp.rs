@@ -358,17 +358,20 @@ fn the_everything_server_echoes_adds_and_describes_images() {
 #[test]
 #[ignore = "needs the npm MCP servers (.ci/run installs them) and the default model: cargo test --test mcp -- --include-ignored"]
 fn the_default_model_uses_the_filesystem_server_from_the_command_line() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("notes.txt"), "one\ntwo\nthree\nfour\n").unwrap();
-    let server = format!("{} {}", npm_server("mcp-server-filesystem").display(), dir.path().display());
-    // An absolute path that exists: live state that makes the first call one of the server's path tools.
-    let question = format!("How many lines does {} have?", dir.path().join("notes.txt").display());
+    // A fixed folder, so that the run's prompts are the same from run to run: a random temporary name in
+    // the question changed the decision (seen: `read_text_file` with `tail: 1` for one name).
+    let dir = std::env::temp_dir().join("reagent-mcp-cli-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "one\ntwo\nthree\nfour\n").unwrap();
+    let server = format!("{} {}", npm_server("mcp-server-filesystem").display(), dir.display());
+    let question = "How many lines does notes.txt have?";
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_reagent"))
         .env("REAGENT_PROMPT_CACHE", "0")
-        .current_dir(dir.path())
+        .current_dir(&dir)
         // Run outside the source tree, the binary would look in the platform cache: use the tree's.
         .env("REAGENT_MODELS_DIR", reagent::catalog::cache_dir())
-        .args(["run", "--builtin", "none", "--json", "--mcp", &server, &question])
+        .args(["run", "--builtin", "none", "--json", "--mcp", &server, question])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
