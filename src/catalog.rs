@@ -112,6 +112,10 @@ pub struct DecisionDefaults {
     /// (`AgentConfig::think_budget`); absent: 0, the template's no-thinking mode.
     #[serde(default)]
     pub think_budget: usize,
+    /// ReAct: the first choice between calling and answering from the model's native call score
+    /// (`AgentConfig::native_branch`), `call_bias` added to it.
+    #[serde(default)]
+    pub native_branch: bool,
 }
 
 /// The catalog entry of the model file at `path` (`file_bytes` long), by its file name and size: the

@@ -355,11 +355,14 @@ fn help_lists_everyday_options_first_and_the_readme_names_real_flags() {
         assert!(!before.iter().any(|l| l.contains(tuning)), "{tuning} is not an everyday option");
     }
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let synopsis = readme.split("## CLI synopsis").nth(1).expect("README has a CLI synopsis");
+    let commands = readme.split("## Commands").nth(1).expect("README has a table of commands");
     let flag = regex::Regex::new(r"--[a-z][a-z0-9-]+").unwrap();
     let mut helps = std::collections::HashMap::new();
-    for line in synopsis.lines().filter(|l| l.contains("reagent ")) {
-        let Some(cmd) = line.split("reagent ").nth(1).and_then(|r| r.split_whitespace().next()) else { continue };
+    let mut rows = 0;
+    // Each row: the command (the first word in its first backticks) and flags of its own.
+    for line in commands.lines().filter(|l| l.starts_with("| `")) {
+        let Some(cmd) = line.split('`').nth(1).and_then(|c| c.split([' ', ',']).next()) else { continue };
+        rows += 1;
         let text = helps.entry(cmd.to_string()).or_insert_with(|| {
             let args: Vec<&str> = if cmd == "models" { vec!["models", "path", "--help"] } else { vec![cmd, "--help"] };
             String::from_utf8_lossy(&reagent(&args).stdout).into_owned()
@@ -367,6 +370,10 @@ fn help_lists_everyday_options_first_and_the_readme_names_real_flags() {
         for f in flag.find_iter(line) {
             assert!(text.contains(f.as_str()), "the README's `{}` is not an option of `reagent {cmd}`", f.as_str());
         }
+    }
+    assert!(rows >= 7, "the README's table of commands has {rows} rows");
+    for cmd in ["run", "chat", "eval", "generate", "serve", "bench"] {
+        assert!(helps.contains_key(cmd), "the README's table of commands lacks `{cmd}`");
     }
 }
 
@@ -562,4 +569,76 @@ fn a_cut_run_resumes_to_the_same_decisions() {
     let other =
         reagent(&[&["run"][..], &common, &same, &["--resume", cut.to_str().unwrap(), "What is 2 + 2?"]].concat());
     assert_clean_failure(&other, &["another run", "task:"]);
+}
+
+/// `reagent chat` with stdin that is not a terminal: one turn per line, each answer a line on stdout;
+/// `/save` writes the conversation, `--resume` continues it (its turns counted, `/undo` drops the last),
+/// an unknown command is named and the conversation goes on.
+#[test]
+fn chat_reads_one_turn_per_line_and_saves_the_conversation() {
+    use std::io::Write;
+    let smol = real_model_path("smollm2-135m");
+    let saved = scratch().join("chat-saved.jsonl");
+    let _ = std::fs::remove_file(&saved);
+    let chat = |args: &[&str], input: String| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_reagent"))
+            .env("REAGENT_PROMPT_CACHE", "0")
+            .args(["chat", "--model", smol.to_str().unwrap(), "--builtin", "calculator", "--max-steps", "2"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let input = format!("What is 12 * 7?\n/nonsense\nAnd what is 3 + 4?\n/save {}\n", saved.display());
+    let o = chat(&[], input);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().count(), 2, "one answer line per turn: {out}");
+    assert!(stderr(&o).contains("unknown command /nonsense"), "{}", stderr(&o));
+    let file = std::fs::read_to_string(&saved).unwrap();
+    assert!(file.starts_with("{\"reagent_session\":1,\"turns\":2}"), "{file}");
+    assert!(file.contains("What is 12 * 7?") && file.contains("And what is 3 + 4?"));
+    let o = chat(&["--resume", saved.to_str().unwrap()], "/undo\n".into());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("2 turns") && err.contains("[dropped: And what is 3 + 4?]"), "{err}");
+    let o = chat(&["--resume", scratch().join("no-such-session").to_str().unwrap()], String::new());
+    assert_clean_failure(&o, &["no-such-session"]);
+}
+
+/// A JSON schema whose required property contains itself has no finite instance: `generate
+/// --json-schema` and a tools file with it are refused before anything is generated, naming the property
+/// (and the tool).
+#[test]
+fn schemas_with_no_finite_instance_are_refused_naming_the_key() {
+    let tiny = tiny_path(Arch::Qwen2);
+    let schema = scratch().join("endless.schema.json");
+    std::fs::write(&schema, r##"{"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]}"##).unwrap();
+    let o = reagent(&[
+        "generate",
+        "--model",
+        tiny.to_str().unwrap(),
+        "--prompt",
+        "x",
+        "--json-schema",
+        schema.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, &["/properties/next", "no finite value"]);
+    let tools = scratch().join("endless-tools.toml");
+    std::fs::write(
+        &tools,
+        r##"[[tool]]
+name = "walk"
+description = "walks"
+command = ["true"]
+parameters = { type = "object", properties = { tree = { "$ref" = "#/$defs/node" } }, required = ["tree"], "$defs" = { node = { type = "object", properties = { child = { "$ref" = "#/$defs/node" } }, required = ["child"] } } }
+"##,
+    )
+    .unwrap();
+    let o = reagent(&["run", "--model", tiny.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "hello"]);
+    assert_clean_failure(&o, &["walk", "/properties/tree", "no finite value"]);
 }

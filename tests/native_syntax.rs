@@ -265,3 +265,53 @@ fn templates_render_as_pythons_jinja_does() {
     let unknown = reagent::ChatTemplate::new("{{ 1 | tojson(width=3) }}", m.tokenizer()).unwrap();
     assert!(unknown.render(&[], false, None).is_err(), "an unknown keyword is an error");
 }
+
+/// An agent over a tiny model with Qwen's manner of template whose first choice is the model's native
+/// call score plus `bias` (decisions in `format`).
+fn native_branch_agent(bias: f32, format: DecisionFormat) -> Agent {
+    let model = tiny_with("qwen", QWEN);
+    let config = AgentConfig::default()
+        .native_branch(true)
+        .format(format)
+        .system_prompt(Some("You are a helpful assistant.".into()))
+        .branch_biases(reagent::agent::BranchBiases::default().call(bias))
+        .answer_tokens(8)
+        .max_steps(1)
+        .decision(reagent::DecisionOptions::default().max_thought_chars(8).max_string_chars(8))
+        .max_decision_tokens(200);
+    Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(FnTool::new(ToolSpec::new("sum", "adds", json!({"type": "object", "properties": {}})).unwrap(), |_| {
+            Ok(json!("sum: 4"))
+        }))
+        .config(config)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn the_native_call_score_chooses_between_calling_and_answering() {
+    let mut margins = Vec::new();
+    for bias in [1000.0, -1000.0] {
+        let t = native_branch_agent(bias, DecisionFormat::React).run("hello").unwrap();
+        assert!(!t.steps.is_empty(), "{t:?}");
+        let step = &t.steps[0];
+        let margin = step.stats.branch_margins.iter().find(|m| m.label == "call").map(|m| m.margin);
+        margins.push(margin.expect("the call score is the step's margin"));
+        match bias > 0.0 {
+            true => {
+                assert!(matches!(&step.decision, reagent::Decision::CallTool { tool, .. } if tool == "sum"), "{step:?}")
+            }
+            // The answer is the model's own reply, not a ReAct decision's string.
+            false => {
+                assert!(matches!(&step.decision, reagent::Decision::FinalAnswer { .. }) && t.final_answer.is_some())
+            }
+        }
+    }
+    // The score is the model's, before the bias: the same both times, and the same as where a decision in
+    // the model's own syntax starts.
+    assert_eq!(margins[0], margins[1]);
+    let native = native_branch_agent(0.0, DecisionFormat::Native).run("hello").unwrap();
+    let margin = native.steps[0].stats.branch_margins.iter().find(|m| m.label == "call").map(|m| m.margin);
+    assert_eq!(margin, Some(margins[0]));
+}

@@ -81,6 +81,14 @@ pub trait Driver: Send {
     fn answer(&mut self, _messages: &[ChatMessage], _max_tokens: usize) -> Result<Option<DriverOutput>> {
         Ok(None)
     }
+    /// The model's score for calling a tool at the start of its reply to `req.messages` in its own call
+    /// syntax (`req`: a native request under `req.grammar`, the tools rendered by the template): the
+    /// margin of the best call-starting token over the best other one, before any bias, and the figures
+    /// of computing it. `None` where the driver cannot score (the default; a driver with no grammar or a
+    /// template with no call syntax). [`AgentConfig::native_branch`](super::AgentConfig) chooses with it.
+    fn call_margin(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<(f32, DecisionStats)>> {
+        Ok(None)
+    }
     /// Forgets the last decision's tokens (after a failed attempt), so the retry starts from its prompt.
     fn rollback(&mut self) {}
     /// The chat role observations are sent with: `tool` where the model's template has a tool turn
@@ -437,6 +445,17 @@ impl Driver for ModelDriver {
             ..DecisionStats::default()
         };
         Ok(Some(DriverOutput::new(g.text, complete, stats)))
+    }
+
+    fn call_margin(&mut self, req: &DecisionRequest<'_>) -> Result<Option<(f32, DecisionStats)>> {
+        if self.engine.is_none() || self.syntax().is_none() || req.format != DecisionFormat::Native {
+            return Ok(None);
+        }
+        // The first token is all it takes: the margin is recorded where the grammar offers both sides.
+        let req = DecisionRequest { max_tokens: 1, attempt: 0, think_budget: 0, ..*req };
+        let out = self.decide(&req)?;
+        let margin = out.stats.branch_margins.iter().find(|m| m.label == "call").map(|m| m.margin);
+        Ok(margin.map(|m| (m, out.stats)))
     }
 
     fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {

@@ -30,6 +30,7 @@ pub mod grounding;
 pub mod native;
 pub mod recent;
 mod run;
+mod session;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,7 @@ pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, Decisi
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
 pub use event_log::{read_trace, EventLog, RecordedRun, RecordedStep, TraceHeader, TRACE_VERSION};
 pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
+pub use session::{read_session, Session, SessionTurn, SESSION_VERSION};
 
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
@@ -130,6 +132,15 @@ pub struct AgentConfig {
     pub answer_in_own_words: bool,
     /// The most tokens of an answer in the model's own words ([`Self::answer_in_own_words`]).
     pub answer_tokens: usize,
+    /// ReAct under `auto`: the first free choice between calling and answering is the model's score for
+    /// starting a call in its own call syntax, at the start of its reply to the request with the tools
+    /// its chat template renders (the margin of its call tokens over all others, plus
+    /// `branch_biases.call`, calibrated per model), rather than its choice of the ReAct object's `type`.
+    /// A model trained on its own syntax tells requests that need a tool from those that do not far
+    /// better there than inside reagent's JSON. The ReAct decision then makes the call, or the answer is
+    /// the model's own reply. Needs a driver that can score natively ([`Driver::call_margin`]); others
+    /// choose in the ReAct decision.
+    pub native_branch: bool,
 }
 
 impl Default for AgentConfig {
@@ -158,6 +169,7 @@ impl Default for AgentConfig {
             think_budget: 0,
             answer_in_own_words: true,
             answer_tokens: 256,
+            native_branch: false,
         }
     }
 }
@@ -186,6 +198,7 @@ setters!(AgentConfig {
     think_budget: usize,
     answer_in_own_words: bool,
     answer_tokens: usize,
+    native_branch: bool,
 });
 
 /// Under `auto`, whether the first decision of a run must call a tool.
@@ -261,6 +274,7 @@ impl AgentConfig {
             self.decision.max_thought_chars = n;
         }
         self.think_budget = s.think_budget;
+        self.native_branch = s.native_branch;
         Ok(())
     }
 
@@ -489,6 +503,11 @@ pub struct Agent {
 impl Agent {
     pub fn builder() -> AgentBuilder {
         AgentBuilder::default()
+    }
+
+    /// The specs of the tools the agent can call.
+    pub fn tool_specs(&self) -> Vec<crate::tools::ToolSpec> {
+        self.executor.tools().specs()
     }
 
     /// A handle that stops this agent's run from another thread: generation ends between tokens, a

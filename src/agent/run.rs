@@ -17,8 +17,10 @@ use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, Need, ToolCall, ToolSpec};
 
 mod answer;
+mod branch;
 mod calls;
 mod checks;
+mod context;
 mod extra_calls;
 mod needs;
 mod validate;
@@ -107,6 +109,10 @@ struct StepGrammars {
     call_only: Option<StepGrammar>,
     /// One more call after a decision's calls, when the settings propose more calls.
     more_calls: Option<Grammar>,
+    /// A native decision's grammar under `auto`, whose first token the model's call score is read at
+    /// ([`AgentConfig::native_branch`]), and the tools its template renders (with their live parameters,
+    /// as the grammars have them: the files that exist).
+    native_branch: Option<(Grammar, Value)>,
 }
 
 impl StepGrammars {
@@ -127,6 +133,15 @@ impl StepGrammars {
                         .map(Grammar::Lark)
                 })
                 .transpose()?,
+            native_branch: (config.native_branch
+                && config.format == DecisionFormat::React
+                && config.tool_choice == ToolChoice::Auto
+                && !specs.is_empty())
+            .then(|| {
+                let grammar = native::native_grammar(specs, &ToolChoice::Auto, &config.decision, syntax)?;
+                Ok::<_, Error>((Grammar::Lark(grammar), native::tools_value(specs)))
+            })
+            .transpose()?,
         })
     }
 
@@ -144,6 +159,15 @@ impl Agent {
     /// the other turns follow it.
     pub fn run_conversation(&mut self, conversation: &[ChatMessage]) -> Result<Transcript> {
         let cancel = self.cancel.clone();
+        cancel.scope(|| self.run_in_scope(conversation, Vec::new())).map(|(t, _)| t)
+    }
+
+    /// [`run_conversation`](Self::run_conversation), also returning the conversation as the run left it
+    /// (without the system prompt): `conversation`'s turns, then each decision and observation the run
+    /// added. A [`Session`](super::Session) sends it back, with the next user turn, as the next run's
+    /// conversation, whose prompt then starts as this run's did (only the new turn is computed).
+    pub fn run_kept(&mut self, conversation: &[ChatMessage]) -> Result<(Transcript, Vec<ChatMessage>)> {
+        let cancel = self.cancel.clone();
         cancel.scope(|| self.run_in_scope(conversation, Vec::new()))
     }
 
@@ -154,10 +178,14 @@ impl Agent {
     /// its outcome is unknown. The caller checks that the trace is this task's, model's and tools'.
     pub fn resume(&mut self, conversation: &[ChatMessage], recorded: Vec<RecordedStep>) -> Result<Transcript> {
         let cancel = self.cancel.clone();
-        cancel.scope(|| self.run_in_scope(conversation, recorded))
+        cancel.scope(|| self.run_in_scope(conversation, recorded)).map(|(t, _)| t)
     }
 
-    fn run_in_scope(&mut self, conversation: &[ChatMessage], recorded: Vec<RecordedStep>) -> Result<Transcript> {
+    fn run_in_scope(
+        &mut self,
+        conversation: &[ChatMessage],
+        recorded: Vec<RecordedStep>,
+    ) -> Result<(Transcript, Vec<ChatMessage>)> {
         let task = conversation
             .iter()
             .rev()
@@ -173,7 +201,11 @@ impl Agent {
                 let stop = StopReason::ContextOverflow { needed, capacity };
                 self.emit(AgentEvent::RunFailed { reason: stop.clone() });
                 let stats = RunStats { seconds: t0.elapsed().as_secs_f64(), ..RunStats::default() };
-                return Ok(Transcript { task, steps: Vec::new(), final_answer: None, stop_reason: stop, stats });
+                let kept = conversation.iter().filter(|m| m.role != Role::System).cloned().collect();
+                return Ok((
+                    Transcript { task, steps: Vec::new(), final_answer: None, stop_reason: stop, stats },
+                    kept,
+                ));
             }
         }
         let specs = self.executor.tools().specs();
@@ -219,7 +251,9 @@ impl Agent {
             Some(Decision::FinalAnswer { answer, .. }) if stop == StopReason::FinalAnswer => Some(answer.clone()),
             _ => None,
         };
-        Ok(Transcript { task, steps, final_answer, stop_reason: stop, stats })
+        // The system prompt is the agent's, built again for every run.
+        let kept = messages.into_iter().skip_while(|m| m.role == Role::System).collect();
+        Ok((Transcript { task, steps, final_answer, stop_reason: stop, stats }, kept))
     }
 
     /// The system prompt (ReAct: the decision format and the tools; native: the chat template renders the
@@ -270,9 +304,22 @@ impl Agent {
                 .then(|| Need::new("the failed call's error names the tools for it", 0).calls(specs))
         });
         let first_grammar = first.as_ref().and_then(|n| self.need_grammar(n));
-        let grammar = match &first_grammar {
-            Some(g) => g,
-            None => grammars.pick(forced_call, run.force_answer),
+        // The first free choice between calling and answering, from the model's own call score.
+        let free = run.steps.is_empty() && !forced_call && !run.force_answer && first_grammar.is_none() && has_tools;
+        let mut branch = match grammars.native_branch.as_ref().filter(|_| free) {
+            Some((grammar, tools)) => self.native_branch(run, grammar, tools)?,
+            None => None,
+        };
+        if let Some(b) = branch.as_mut().filter(|b| !b.call) {
+            if let Some(answer) = self.own_words(run, &mut b.stats)? {
+                return Ok(Some(self.answered(step_no, run, messages, answer, b.stats.clone())));
+            }
+        }
+        let grammar = match (&first_grammar, &branch) {
+            (Some(g), _) => g,
+            (None, Some(b)) if b.call => grammars.pick(true, false),
+            (None, Some(_)) => &grammars.answer_only,
+            (None, None) => grammars.pick(forced_call, run.force_answer),
         };
         let forced_after_error = std::mem::take(&mut run.after_error);
         // A step that must answer is not asked to call after a slip.
@@ -289,6 +336,11 @@ impl Agent {
             Attempt::Decided(d) => *d,
             Attempt::Stop(s) => return Ok(Some(s)),
         };
+        if let Some(b) = &branch {
+            // The choice was the model's call score: its margin is the step's.
+            decided.stats.add_generation(&b.stats);
+            decided.stats.branch_margins = b.stats.branch_margins.clone();
+        }
         // The first free choice between calling and answering: a call made of values the user never
         // wrote means no listed tool fits.
         let free_first = run.steps.is_empty() && !forced_call && !run.force_answer && has_tools;
@@ -327,10 +379,15 @@ impl Agent {
         if self.config.format == DecisionFormat::Native {
             self.drop_unstated(&turns.evidence, &mut decided);
         }
-        let Decided { mut decision, thinking, text, mut stats, retries } = decided;
+        let Decided { mut decision, thinking, mut text, mut stats, retries } = decided;
         if let Decision::FinalAnswer { answer, .. } = &mut decision {
-            if let Some(own) = self.own_words(run, &mut stats)? {
-                *answer = own;
+            // Not asked again where the call score chose the answer and the model's own reply failed.
+            if branch.is_none() {
+                if let Some(own) = self.own_words(run, &mut stats)? {
+                    // The conversation keeps the answer given.
+                    text = answer::answer_text(&own);
+                    *answer = own;
+                }
             }
         }
         self.emit(AgentEvent::DecisionExtracted {
@@ -608,58 +665,12 @@ impl Agent {
             _ => ChatMessage::assistant(text),
         }
     }
-
-    /// Makes the request fit the context with room for a decision: shortens the oldest observations
-    /// first (in the kept conversation too); `Some(stop)` when even that is not enough.
-    fn fit_context(
-        &mut self,
-        kept: &mut [ChatMessage],
-        request: &mut [ChatMessage],
-        tools: Option<&Value>,
-    ) -> Result<Option<StopReason>> {
-        const SHORT: usize = 200;
-        loop {
-            let Some((needed, capacity)) = self.driver.measure(request, tools)? else { return Ok(None) };
-            let needed = needed + self.decision_room();
-            if needed <= capacity {
-                return Ok(None);
-            }
-            // The oldest observation that is still long.
-            let victim = (1..kept.len()).find(|&i| {
-                let m = &kept[i];
-                (m.role == Role::Tool || (m.role == Role::User && i >= 2 && m.content.starts_with("Observation")))
-                    && m.content.len() > SHORT + 40
-            });
-            let Some(i) = victim else {
-                return Ok(Some(StopReason::ContextOverflow { needed, capacity }));
-            };
-            let mut cut = SHORT;
-            while !kept[i].content.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let short = format!("{} [... shortened to fit the context]", &kept[i].content[..cut]);
-            kept[i].content = short.clone();
-            request[i].content = short;
-        }
-    }
 }
 
 /// A step's conversation and what its user and tool turns say (read once per step).
 struct Turns<'a> {
     messages: &'a [ChatMessage],
     evidence: Evidence,
-}
-
-impl Agent {
-    /// Tokens a decision may add after its prompt: its own limit, and its thinking with the markers around
-    /// it.
-    fn decision_room(&self) -> usize {
-        let thinking = match self.config.think_budget {
-            0 => 0,
-            n => n.saturating_add(8),
-        };
-        self.config.max_decision_tokens.saturating_add(thinking)
-    }
 }
 
 /// A step whose first decision was dropped as ungrounded and decided again: the second decision, with the

@@ -16,14 +16,13 @@ use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
 use reagent::tools::{builtin_tools, read_tools_file, BuiltinOptions, Tool};
 use reagent::Sampling;
 
-use super::args::{EvalArgs, RunArgs};
+use super::args::{EvalArgs, RunArgs, RunOptions};
 use super::{display, load, stdout_failed, INTERRUPTED_EXIT};
 
 /// `reagent run`: one task; events go to stderr (or stdout as JSON lines), the answer to stdout.
 pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
-    let sampling = Sampling::from_params(a.temperature, None, None)?;
-    let mut config = run_config(&a)?;
-    let tools = run_tools(&a)?;
+    let mut config = run_config(&a.opts)?;
+    let tools = run_tools(&a.opts)?;
     let recorded = a.resume.as_deref().map(reagent::agent::read_trace).transpose()?;
     let task = match (&a.task, &recorded) {
         (Some(t), _) => t.clone(),
@@ -45,29 +44,9 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         (Some(path), Some(r)) => Some(EventLog::append(path, r.bytes)?),
         _ => a.trace.as_deref().map(EventLog::create).transpose()?,
     };
-    let model = load(&a.model)?;
-    let model_id = {
-        let info = model.info();
-        let name =
-            info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let sha = model.catalog_entry().map(|e| format!(", sha256 {}", e.sha256)).unwrap_or_default();
-        format!("{name} ({} bytes{sha})", info.file_bytes)
-    };
-    let mut driver = match a.agent.no_grammar {
-        true => ModelDriver::free_form(model, sampling, a.seed),
-        false => ModelDriver::constrained(model, sampling, a.seed)?,
-    };
-    if a.no_prefix_reuse {
-        driver = driver.without_prefix_reuse();
-    }
-    if a.agent.no_speculation {
-        driver = driver.without_speculation();
-    }
-    if !a.no_prompt_cache && super::prompt_cache_on() {
-        driver = driver.with_prompt_cache(PromptCache::default_dir());
-    }
+    let (driver, model_id) = run_driver(&a.opts)?;
     let entry = driver.catalog_entry();
-    a.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
+    a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     let header = reagent::agent::TraceHeader::new(
         &task,
@@ -106,7 +85,7 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
             false => display::show_event(e, colour),
         }
     });
-    if a.confirm {
+    if a.opts.confirm {
         // The person decides about every call, those a tool's output chose included (run_config).
         builder = builder.interceptor(display::Confirm);
     }
@@ -135,8 +114,35 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     })
 }
 
+/// The model's driver for `run` and `chat`, and the model's description for a trace header.
+pub(super) fn run_driver(o: &RunOptions) -> Result<(ModelDriver, String)> {
+    let sampling = Sampling::from_params(o.temperature, None, None)?;
+    let model = load(&o.model)?;
+    let model_id = {
+        let info = model.info();
+        let name =
+            info.path.file_name().map_or_else(|| info.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let sha = model.catalog_entry().map(|e| format!(", sha256 {}", e.sha256)).unwrap_or_default();
+        format!("{name} ({} bytes{sha})", info.file_bytes)
+    };
+    let mut driver = match o.agent.no_grammar {
+        true => ModelDriver::free_form(model, sampling, o.seed),
+        false => ModelDriver::constrained(model, sampling, o.seed)?,
+    };
+    if o.no_prefix_reuse {
+        driver = driver.without_prefix_reuse();
+    }
+    if o.agent.no_speculation {
+        driver = driver.without_speculation();
+    }
+    if !o.no_prompt_cache && super::prompt_cache_on() {
+        driver = driver.with_prompt_cache(PromptCache::default_dir());
+    }
+    Ok((driver, model_id))
+}
+
 /// The tools `run` offers: the built-ins `--builtin` selects, then those of each tools file.
-fn run_tools(a: &RunArgs) -> Result<Vec<Arc<dyn Tool>>> {
+pub(super) fn run_tools(a: &RunOptions) -> Result<Vec<Arc<dyn Tool>>> {
     let mut tools = builtin_tools(
         &BuiltinOptions::default()
             .root(a.agent.root.clone())
@@ -196,7 +202,7 @@ fn add_file_and_mcp_tools(tools: &mut Vec<Arc<dyn Tool>>, files: &[PathBuf], mcp
 }
 
 /// The agent configuration of `run`'s flags but the decision settings, which depend on the model.
-fn run_config(a: &RunArgs) -> Result<AgentConfig> {
+pub(super) fn run_config(a: &RunOptions) -> Result<AgentConfig> {
     let tool_timeout =
         reagent::tools::timeout_from_secs(a.tool_timeout).map_err(|e| anyhow::anyhow!("--tool-timeout {e}"))?;
     let base = a.agent.config()?;

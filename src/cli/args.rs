@@ -30,6 +30,9 @@ pub(crate) enum Cmd {
     Bench(BenchArgs),
     /// Run an agent task: decisions under the tool grammar, tool calls, observations, a final answer.
     Run(RunArgs),
+    /// A conversation with the agent: each line is a turn, with the earlier turns, calls and results kept
+    /// (in the KV cache too). /help lists the commands.
+    Chat(ChatArgs),
     /// Run a JSONL task file and score the tool calls.
     Eval(EvalArgs),
     /// Serve the model over the OpenAI chat-completions API (tool calls made under the grammar).
@@ -141,6 +144,29 @@ pub(crate) struct RunArgs {
     /// Resume although the trace's task, model, tools or decision settings differ from this run's.
     #[arg(long, requires = "resume")]
     pub(crate) resume_anyway: bool,
+    /// Print the events as JSON lines instead of the readable display.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Write every event and the final transcript to this file as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) opts: RunOptions,
+}
+
+/// `reagent chat`: a conversation, one run per line.
+#[derive(Args)]
+pub(crate) struct ChatArgs {
+    /// Continue a conversation saved with /save: its turns are kept as they were (no call is made again).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) resume: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) opts: RunOptions,
+}
+
+/// The flags `run` and `chat` share: the model, the tools and the agent's settings.
+#[derive(Args)]
+pub(crate) struct RunOptions {
     #[command(flatten)]
     pub(crate) model: ModelArgs,
     /// Offer the write_file tool.
@@ -153,12 +179,6 @@ pub(crate) struct RunArgs {
     /// Ask before each tool call.
     #[arg(long)]
     pub(crate) confirm: bool,
-    /// Print the events as JSON lines instead of the readable display.
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Write every event and the final transcript to this file as JSON lines.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) trace: Option<PathBuf>,
     /// 0 means greedy.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
@@ -324,6 +344,10 @@ pub(crate) struct DecisionArgs {
     /// Maximum characters of a ReAct decision's `thought`; 0 leaves it empty.
     #[arg(long)]
     pub(crate) max_thought_chars: Option<usize>,
+    /// ReAct: choose between calling and answering at the first decision by the model's score for
+    /// starting a call in its own call syntax (plus --call-bias), instead of inside the ReAct object.
+    #[arg(long, value_name = "yes|no")]
+    pub(crate) native_branch: Option<Toggle>,
     /// Recompute the arithmetic a decision's answer or thought writes (`12 + 7 = 20`) and, where a result
     /// is wrong, ask again with the right one.
     #[arg(long, value_name = "yes|no", default_value = "yes")]
@@ -383,6 +407,7 @@ impl DecisionArgs {
         config.propose_more_calls = toggle(self.propose_more_calls, config.propose_more_calls);
         config.drop_unstated_options = toggle(self.drop_unstated_options, config.drop_unstated_options);
         config.drop_unstated_calls = toggle(self.drop_unstated_calls, config.drop_unstated_calls);
+        config.native_branch = toggle(self.native_branch, config.native_branch);
         if let Some(n) = self.max_thought_chars {
             config.decision.max_thought_chars = n;
         }
@@ -421,7 +446,9 @@ pub(crate) fn describe_decisions(
         s += if config.drop_unstated_options { ", dropping unstated optional arguments" } else { "" };
         s += if config.drop_unstated_calls { ", dropping unstated later calls" } else { "" };
     } else {
-        if b.call != 0.0 {
+        if config.native_branch {
+            s += &format!(", first decision chosen by the native call score (bias {})", b.call);
+        } else if b.call != 0.0 {
             s += &format!(", first decision's call bias {}", b.call);
         }
         match config.decision.max_thought_chars {

@@ -22,6 +22,7 @@ macro_rules! out {
 
 mod agent;
 mod args;
+mod chat;
 mod commands;
 mod display;
 
@@ -78,6 +79,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Cmd::Cache { cmd } => commands::cache(cmd)?,
         Cmd::Serve(a) => commands::serve(a)?,
         Cmd::Run(a) => return stop_on_signals().scope(|| agent::run_agent(a)),
+        Cmd::Chat(a) => return chat::chat(a, stop_on_signals()),
         Cmd::Eval(a) => {
             let cancel = stop_on_signals();
             cancel.scope(|| agent::eval(a))?;

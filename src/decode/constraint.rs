@@ -233,6 +233,12 @@ impl GrammarEngine {
         if let Grammar::Regex(r) = grammar {
             regex::Regex::new(r).map_err(|e| Error::grammar("regex", e))?;
         }
+        // A schema whose every instance is infinite would never let generation end.
+        if let Grammar::JsonSchema(s) = grammar {
+            if let Some(why) = super::finite::no_finite_instance(s) {
+                return Err(Error::grammar(what, why));
+            }
+        }
         // Deeply nested grammars recurse in the compiler: a big stack, not an abort.
         let (matcher, first, first_time) = crate::limits::on_big_stack(|| {
             let parser = self

@@ -2,6 +2,7 @@
 //! `Model::generate` API over them.
 
 pub mod constraint;
+pub mod finite;
 pub mod generate;
 pub mod model_api;
 pub mod sampler;

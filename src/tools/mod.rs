@@ -115,6 +115,9 @@ impl ToolSpec {
             tool: self.name.clone(),
             reason: format!("`parameters` is not a valid JSON schema: {e}"),
         })?;
+        if let Some(why) = crate::decode::finite::no_finite_instance(&self.parameters) {
+            return err(format!("`parameters`: {why}; no call could be written"));
+        }
         Ok(())
     }
 }

@@ -18,23 +18,20 @@ impl Agent {
     /// where no call has run in the conversation, the model's reply to it as a plain chat turn; `None`
     /// where the decision's text stays the answer (after calls it is grounded in their results, written
     /// where they are in view). The reply's tokens and time join the step's `stats`.
-    pub(super) fn own_words(&mut self, run: &RunState, stats: &mut DecisionStats) -> Result<Option<String>> {
-        let called = run.steps.iter().any(|s| !s.calls.is_empty())
-            || run.request.iter().any(|m| m.role == Role::Tool || !m.tool_calls.is_empty());
+    pub(super) fn own_words(&mut self, run: &mut RunState, stats: &mut DecisionStats) -> Result<Option<String>> {
+        let called = run.steps.iter().any(|s| !s.calls.is_empty()) || called_in(&run.request);
         if !self.config.answer_in_own_words || self.config.format != DecisionFormat::React || called {
             return Ok(None);
         }
-        let given = self.config.system_prompt.iter().map(String::as_str);
-        let given: Vec<&str> =
-            given.chain(run.request.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str())).collect();
-        let system = if given.is_empty() { ANSWER_SYSTEM.to_string() } else { given.join("\n") };
-        let mut messages = vec![ChatMessage::system(system)];
-        messages.extend(run.request.iter().filter(|m| m.role != Role::System).cloned());
+        let messages = self.plain_turns(run);
         let Some(out) = self.driver.answer(&messages, self.config.answer_tokens)? else { return Ok(None) };
         stats.generated_tokens += out.stats.generated_tokens;
         stats.prompt_tokens += out.stats.prompt_tokens;
         stats.reused_tokens += out.stats.reused_tokens;
         stats.seconds += out.stats.seconds;
+        run.stats.prompt_tokens += out.stats.prompt_tokens;
+        run.stats.reused_tokens += out.stats.reused_tokens;
+        run.stats.generated_tokens += out.stats.generated_tokens;
         let text = out.text.trim();
         let own = Decision::FinalAnswer { thought: String::new(), answer: text.to_string() };
         if text.is_empty() || !out.complete || copied_failure(&own, &run.failures).is_some() {
@@ -42,4 +39,45 @@ impl Agent {
         }
         Ok(Some(text.to_string()))
     }
+
+    /// The request as a plain chat: the caller's system text (or a plain helpful-assistant one), then its
+    /// other turns.
+    pub(super) fn plain_turns(&self, run: &RunState) -> Vec<ChatMessage> {
+        let given = self.config.system_prompt.iter().map(String::as_str);
+        let given: Vec<&str> =
+            given.chain(run.request.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str())).collect();
+        let system = if given.is_empty() { ANSWER_SYSTEM.to_string() } else { given.join("\n") };
+        let mut messages = vec![ChatMessage::system(system)];
+        for m in run.request.iter().filter(|m| m.role != Role::System) {
+            // An earlier answer of a conversation as the text the person was given.
+            match (m.role, answer_of(&m.content)) {
+                (Role::Assistant, Some(answer)) => messages.push(ChatMessage::assistant(answer)),
+                _ => messages.push(m.clone()),
+            }
+        }
+        messages
+    }
+}
+
+/// Whether a call was made in `conversation`: a tool turn, an assistant turn with calls (native), or a
+/// ReAct decision that calls.
+pub(super) fn called_in(conversation: &[ChatMessage]) -> bool {
+    conversation.iter().any(|m| {
+        let react_call = || {
+            serde_json::from_str::<serde_json::Value>(&m.content)
+                .is_ok_and(|v| v.get("type").and_then(|t| t.as_str()).is_some_and(|t| t.starts_with("call_tool")))
+        };
+        m.role == Role::Tool || !m.tool_calls.is_empty() || (m.role == Role::Assistant && react_call())
+    })
+}
+
+/// The ReAct decision that keeps `answer` in the conversation.
+pub(super) fn answer_text(answer: &str) -> String {
+    serde_json::json!({"thought": "", "type": "final_answer", "answer": answer}).to_string()
+}
+
+/// The answer of a ReAct final-answer decision's text.
+fn answer_of(text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    (v.get("type")?.as_str()? == "final_answer").then(|| v.get("answer")?.as_str().map(str::to_string))?
 }

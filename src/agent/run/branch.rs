@@ -1,0 +1,79 @@
+//! The first choice between calling and answering from the model's own score
+//! ([`AgentConfig::native_branch`](crate::agent::AgentConfig)): its margin for starting a call in its own
+//! call syntax, with the tools its chat template renders, where its reply to the request begins.
+
+use super::{Decision, RunState};
+use crate::agent::decision::{BranchBiases, DecisionFormat};
+use crate::agent::driver::DecisionRequest;
+use crate::agent::events::{AgentEvent, DecisionStats, Step, StopReason};
+use crate::agent::Agent;
+use crate::decode::constraint::Grammar;
+use crate::error::Result;
+use crate::text::chat::ChatMessage;
+use serde_json::Value;
+
+/// What the model's call score chose, and the figures of scoring.
+pub(super) struct Branch {
+    pub(super) call: bool,
+    /// The scoring's tokens and time, with its margin as the step's `call` margin.
+    pub(super) stats: DecisionStats,
+}
+
+impl Agent {
+    /// Scores the request under `grammar` (a native decision's under `auto`): a call where the margin plus
+    /// the call bias is above 0. `None` where the driver cannot score.
+    pub(super) fn native_branch(
+        &mut self,
+        run: &mut RunState,
+        grammar: &Grammar,
+        tools: &Value,
+    ) -> Result<Option<Branch>> {
+        // Scored on the request as a plain chat, which a conversation with calls in it no longer is.
+        if super::answer::called_in(&run.request) {
+            return Ok(None);
+        }
+        let messages = self.plain_turns(run);
+        let req = DecisionRequest {
+            messages: &messages,
+            grammar,
+            tools: Some(tools),
+            format: DecisionFormat::Native,
+            biases: BranchBiases::default(),
+            max_tokens: 1,
+            attempt: 0,
+            think_budget: 0,
+        };
+        let Some((margin, stats)) = self.driver.call_margin(&req)? else { return Ok(None) };
+        run.stats.prompt_tokens += stats.prompt_tokens;
+        run.stats.reused_tokens += stats.reused_tokens;
+        run.stats.generated_tokens += stats.generated_tokens;
+        Ok(Some(Branch { call: margin + self.config.branch_biases.call > 0.0, stats }))
+    }
+
+    /// Ends the run's first step with `answer`, the model's own reply, where its call score chose to
+    /// answer.
+    pub(super) fn answered(
+        &mut self,
+        step_no: usize,
+        run: &mut RunState,
+        messages: &mut Vec<ChatMessage>,
+        answer: String,
+        stats: DecisionStats,
+    ) -> StopReason {
+        let decision = Decision::FinalAnswer { thought: String::new(), answer: answer.clone() };
+        let text = super::answer::answer_text(&answer);
+        self.emit(AgentEvent::DecisionExtracted {
+            step: step_no,
+            decision: decision.clone(),
+            stats: stats.clone(),
+            text: text.clone(),
+            thinking: None,
+        });
+        messages.push(ChatMessage::assistant(text));
+        self.emit(AgentEvent::FinalAnswer { step: step_no, answer });
+        let step =
+            Step { decision, thinking: None, calls: Vec::new(), observation: None, retries: 0, stats, grounding: None };
+        run.steps.push(step);
+        StopReason::FinalAnswer
+    }
+}
