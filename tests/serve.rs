@@ -417,3 +417,61 @@ fn a_thinking_model_returns_its_thinking_as_reasoning_content() {
     assert!(message["reasoning_content"].is_string(), "{r}");
     check_calls(message, &tools);
 }
+
+/// A request with tools is the decision `reagent run` makes for the same conversation on the same model
+/// (the same agent, settings and, with batch invariance, the same numbers): under `required` the same call,
+/// under `auto` the same call or the same answer in the model's own words. Asked twice, the second time
+/// with the conversation's KV kept from the first, the server answers the same.
+#[test]
+fn a_served_decision_is_the_decision_a_run_makes() {
+    use reagent::agent::{Agent, AgentConfig, Decision, Profile};
+    use reagent::tools::{FnTool, ToolError};
+    let s = server(ServeOptions::default());
+    let tools = weather_tools();
+    let question = "What is the weather in Oslo?";
+    for choice in ["required", "auto"] {
+        let body = json!({"messages": [{"role": "user", "content": question}], "tools": tools,
+            "tool_choice": choice, "temperature": 0});
+        let (status, first) = post(s.addr(), &body);
+        assert_eq!(status, 200, "{first}");
+        let (_, again) = post(s.addr(), &body);
+        // Call ids are drawn for each response; all else is the same.
+        let without_ids = |r: &Value| {
+            let mut m = r["choices"][0]["message"].clone();
+            for c in m["tool_calls"].as_array_mut().into_iter().flatten() {
+                c.as_object_mut().unwrap().remove("id");
+            }
+            m
+        };
+        assert_eq!(without_ids(&first), without_ids(&again), "warm against cold");
+        let message = &first["choices"][0]["message"];
+        // The same decision from the library: the same model, the catalog's (here: default) run settings.
+        let model = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+        let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
+        let stubs = tools.as_array().unwrap().iter().map(|t| {
+            let spec = reagent::ToolSpec::from_function_json(t).unwrap();
+            std::sync::Arc::new(FnTool::new(spec, |_| Err(ToolError("not here".into()))))
+                as std::sync::Arc<dyn reagent::Tool>
+        });
+        let mut config = AgentConfig::for_model(None, Profile::Run, true).unwrap();
+        config.tool_choice = choice.parse().unwrap();
+        let mut agent = Agent::builder().driver(driver).tools(stubs).config(config.max_steps(1)).build().unwrap();
+        let t = agent.run(question).unwrap();
+        match &t.steps[0].decision {
+            Decision::FinalAnswer { answer, .. } => assert_eq!(message["content"], json!(answer), "{message}"),
+            d => {
+                let calls: Vec<(Value, Value)> = message["tool_calls"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("the run called, the server did not: {message}"))
+                    .iter()
+                    .map(|c| {
+                        let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+                        (c["function"]["name"].clone(), args)
+                    })
+                    .collect();
+                let run: Vec<(Value, Value)> = d.calls().iter().map(|c| (json!(c.tool), c.args.clone())).collect();
+                assert_eq!(calls, run, "{choice}");
+            }
+        }
+    }
+}

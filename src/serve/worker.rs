@@ -209,6 +209,7 @@ impl Worker {
         // bounded in characters). Calls are not cut: a call cut short would not parse.
         if let Some(n) = req.max_tokens {
             config.decision.max_answer_tokens = config.decision.max_answer_tokens.min(n);
+            config.answer_tokens = config.answer_tokens.min(n);
         }
         let answer_cap = config.decision.max_answer_tokens;
         if let Some(n) = self.think_budget {
@@ -373,6 +374,15 @@ impl Driver for Shared {
     }
     fn extend(&mut self, req: &DecisionRequest<'_>) -> crate::error::Result<Option<DriverOutput>> {
         lock(&self.0).extend(req)
+    }
+    fn answer(&mut self, messages: &[ChatMessage], max_tokens: usize) -> crate::error::Result<Option<DriverOutput>> {
+        lock(&self.0).answer(messages, max_tokens)
+    }
+    fn call_margin(
+        &mut self,
+        req: &DecisionRequest<'_>,
+    ) -> crate::error::Result<Option<(f32, crate::agent::DecisionStats)>> {
+        lock(&self.0).call_margin(req)
     }
     fn rollback(&mut self) {
         lock(&self.0).rollback()
