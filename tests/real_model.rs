@@ -179,3 +179,26 @@ fn an_agent_run_on_smollm2_terminates_with_only_valid_decisions() {
     // Every step after the first reused the KV cache of the previous one.
     assert!(t.steps.iter().skip(1).all(|s| s.stats.reused_tokens > 0), "{:?}", t.steps);
 }
+
+/// An answer in the model's own words comes to `AgentBuilder::answer_text` piece by piece as it is
+/// generated, and the pieces make the final answer.
+#[test]
+fn an_answer_in_the_models_own_words_is_streamed_as_it_is_generated() {
+    use std::sync::{Arc, Mutex};
+    let pieces: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = pieces.clone();
+    let driver = reagent::agent::ModelDriver::constrained(smollm(), reagent::Sampling::Greedy, 0).unwrap();
+    let config = reagent::AgentConfig::default().tool_choice(reagent::ToolChoice::None).answer_tokens(64);
+    let mut agent = reagent::Agent::builder()
+        .driver(driver)
+        .config(config)
+        .answer_text(move |t| seen.lock().unwrap().push(t.to_string()))
+        .build()
+        .unwrap();
+    let t = agent.run("What is the capital of France?").unwrap();
+    let answer = t.final_answer.expect("an answer");
+    let pieces = pieces.lock().unwrap();
+    assert!(pieces.len() > 3, "streamed in pieces: {pieces:?}");
+    assert_eq!(pieces.concat().trim(), answer);
+    assert!(answer.contains("Paris"), "{answer}");
+}

@@ -81,6 +81,20 @@ pub trait Driver: Send {
     fn answer(&mut self, _messages: &[ChatMessage], _max_tokens: usize) -> Result<Option<DriverOutput>> {
         Ok(None)
     }
+    /// [`answer`](Self::answer), giving each piece of the text to `on_text` as it is generated (the
+    /// default gives the whole text once it is done).
+    fn answer_streamed(
+        &mut self,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Option<DriverOutput>> {
+        let out = self.answer(messages, max_tokens)?;
+        if let Some(o) = &out {
+            on_text(&o.text);
+        }
+        Ok(out)
+    }
     /// The model's score for calling a tool at the start of its reply to `req.messages` in its own call
     /// syntax (`req`: a native request under `req.grammar`, the tools rendered by the template): the
     /// margin of the best call-starting token over the best other one, before any bias, and the figures
@@ -261,10 +275,22 @@ impl ModelDriver {
         params: &GenerateParams,
         constraint: Option<&mut Constraint>,
     ) -> Result<Generation> {
+        self.generate_streamed(prompt, cached, params, constraint, &mut |_| {})
+    }
+
+    /// [`generate`](Self::generate), giving the text to `on_text` as it comes.
+    fn generate_streamed(
+        &mut self,
+        prompt: &[u32],
+        cached: usize,
+        params: &GenerateParams,
+        constraint: Option<&mut Constraint>,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation> {
         let tok = self.model.tokenizer().clone();
         let stops = self.model.stop_tokens().to_vec();
         let request = Request::new(prompt).cached(cached).stop_tokens(&stops).constraint(constraint);
-        let generated = generate(&mut self.model, &tok, request, params, &mut |_| {});
+        let generated = generate(&mut self.model, &tok, request, params, on_text);
         let in_cache = self.model.cache_len();
         self.cached = match &generated {
             Ok(g) => prompt.iter().chain(&g.tokens).copied().take(in_cache).collect(),
@@ -419,6 +445,15 @@ impl Driver for ModelDriver {
     }
 
     fn answer(&mut self, messages: &[ChatMessage], max_tokens: usize) -> Result<Option<DriverOutput>> {
+        self.answer_streamed(messages, max_tokens, &mut |_| {})
+    }
+
+    fn answer_streamed(
+        &mut self,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Option<DriverOutput>> {
         let t = Instant::now();
         self.thinking = false;
         let prompt = self.tokens(messages, None)?;
@@ -430,7 +465,7 @@ impl Driver for ModelDriver {
             speculate: self.speculate,
             ..GenerateParams::default()
         };
-        let g = self.generate(&prompt, reused, &params, None)?;
+        let g = self.generate_streamed(&prompt, reused, &params, None, on_text)?;
         self.seed = self.seed.wrapping_add(1);
         self.prompt_len = prompt.len();
         let complete = !matches!(g.stop, FinishReason::MaxTokens | FinishReason::ContextFull);

@@ -294,6 +294,9 @@ impl AgentConfig {
     }
 }
 
+/// Where the pieces of an answer in the model's own words go ([`AgentBuilder::answer_text`]).
+type AnswerText = Box<dyn FnMut(&str) + Send>;
+
 /// Builds an [`Agent`]. Without [`config`](Self::config), the agent takes the decision settings the
 /// catalog gives the driver's model for the [profile](Self::profile) (a run, by default): the library
 /// decides as `reagent run` does.
@@ -307,6 +310,7 @@ pub struct AgentBuilder {
     profile: crate::catalog::Profile,
     interceptors: Vec<Box<dyn Interceptor>>,
     sink: Option<Box<dyn EventSink>>,
+    answer_text: Option<AnswerText>,
     cancel: Cancel,
 }
 
@@ -372,6 +376,14 @@ impl AgentBuilder {
         self.sink = Some(Box::new(sink));
         self
     }
+    /// Receives an answer in the model's own words ([`AgentConfig::answer_in_own_words`]) piece by piece
+    /// as it is generated, to show it as it comes. The answer that stands is the
+    /// [`AgentEvent::FinalAnswer`]'s: a reply that is empty, cut off or repeats a tool's error is not used,
+    /// and the decision's own answer stands instead.
+    pub fn answer_text(mut self, f: impl FnMut(&str) + Send + 'static) -> Self {
+        self.answer_text = Some(Box::new(f));
+        self
+    }
     /// The handle that stops this agent's runs (default: a handle of its own, [`Agent::cancel_handle`]);
     /// give one handle to several agents to stop them together.
     pub fn cancel(mut self, cancel: Cancel) -> Self {
@@ -418,6 +430,7 @@ impl AgentBuilder {
             config: self.config,
             syntax,
             sink: self.sink,
+            answer_text: self.answer_text,
             cancel: self.cancel,
         };
         for (tool, reason) in relaxed {
@@ -497,6 +510,8 @@ pub struct Agent {
     /// The model's call syntax, for native decisions ([`Driver::call_syntax`]).
     syntax: native::CallSyntax,
     sink: Option<Box<dyn EventSink>>,
+    /// Pieces of an answer in the model's own words as they come ([`AgentBuilder::answer_text`]).
+    answer_text: Option<AnswerText>,
     cancel: Cancel,
 }
 

@@ -69,6 +69,10 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     }
     let (json, colour) = (a.json, std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let events = trace.clone();
+    // The answer in the model's own words is shown as it is generated (not in --json, whose events come
+    // whole).
+    let live = display::LiveAnswer::new(false, colour);
+    let shown = live.clone();
     let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
         // The trace gets every event as it happens, so an interrupted run keeps what it did; a run that
         // cannot keep its trace stops.
@@ -79,12 +83,19 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
                 std::process::exit(2);
             }
         }
-        match json {
-            true => writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).unwrap_or_default())
+        match (json, e) {
+            (true, e) => writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).unwrap_or_default())
                 .unwrap_or_else(|e| stdout_failed(e)),
-            false => display::show_event(e, colour),
+            (false, AgentEvent::FinalAnswer { answer, .. }) if shown.finish(answer) => {}
+            (false, e) => {
+                shown.pause();
+                display::show_event(e, colour)
+            }
         }
     });
+    if !json {
+        builder = builder.answer_text(move |t| live.piece(t));
+    }
     if a.opts.confirm {
         // The person decides about every call, those a tool's output chose included (run_config).
         builder = builder.interceptor(display::Confirm);

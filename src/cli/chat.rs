@@ -36,13 +36,24 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     let colour = std::io::stderr().is_terminal();
-    let mut builder = Agent::builder().driver(driver).tools(tools).config(config).cancel(cancel.clone()).events(
-        move |e: &AgentEvent| match e {
-            // The answer goes to stdout, once, after the turn.
-            AgentEvent::FinalAnswer { .. } => {}
-            e => display::show_event(e, colour),
-        },
-    );
+    // On a terminal an answer in the model's own words shows as it is generated; piped, each answer is
+    // one whole line.
+    let live = std::io::stdout().is_terminal().then(|| display::LiveAnswer::new(true, colour));
+    let paused = live.clone();
+    let events = move |e: &AgentEvent| match e {
+        // The answer goes to stdout, after the turn (or as it came: below).
+        AgentEvent::FinalAnswer { .. } => {}
+        e => {
+            if let Some(live) = &paused {
+                live.pause();
+            }
+            display::show_event(e, colour)
+        }
+    };
+    let mut builder = Agent::builder().driver(driver).tools(tools).config(config).cancel(cancel.clone()).events(events);
+    if let Some(live) = live.clone() {
+        builder = builder.answer_text(move |t| live.piece(t));
+    }
     if a.opts.confirm {
         builder = builder.interceptor(display::Confirm);
     }
@@ -76,9 +87,19 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
         if session.dropped_turns() > dropped {
             eprintln!("[the oldest {} turns were dropped to fit the context]", session.dropped_turns() - dropped);
         }
+        // What was shown as it came, if it is the answer that stands.
+        let streamed = match (&live, &transcript.final_answer) {
+            (Some(live), Some(answer)) => live.finish(answer),
+            (Some(live), None) => {
+                live.finish("");
+                false
+            }
+            (None, _) => false,
+        };
         let mut out = std::io::stdout().lock();
         match (&transcript.final_answer, &transcript.stop_reason) {
             (_, StopReason::Interrupted) => eprintln!("[stopped; the turn is not kept]"),
+            (Some(_), _) if streamed => {}
             (Some(answer), _) => writeln!(out, "{answer}")?,
             (None, reason) => writeln!(out, "No answer: {reason}")?,
         }

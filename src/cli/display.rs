@@ -185,3 +185,71 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
     };
     eprintln!("{line}");
 }
+
+/// An answer shown as it is generated ([`reagent::agent::AgentBuilder::answer_text`]), on stderr (`run`'s
+/// display, after `answer: `) or stdout (`chat` on a terminal). A handle for the agent's text callback and
+/// one for whoever sees the events and the final answer.
+#[derive(Clone)]
+pub(super) struct LiveAnswer {
+    /// The text shown, and whether its line is still open.
+    shown: std::sync::Arc<std::sync::Mutex<(String, bool)>>,
+    to_stdout: bool,
+    colour: bool,
+}
+
+impl LiveAnswer {
+    pub(super) fn new(to_stdout: bool, colour: bool) -> Self {
+        Self { shown: Default::default(), to_stdout, colour }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, (String, bool)> {
+        self.shown.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn end_line(&self, open: &mut bool) {
+        if std::mem::take(open) {
+            match self.to_stdout {
+                true => println!(),
+                false => eprintln!(),
+            }
+        }
+    }
+
+    /// Shows a piece of the answer.
+    pub(super) fn piece(&self, text: &str) {
+        use std::io::Write;
+        let mut state = self.state();
+        let start = state.0.is_empty();
+        state.0.push_str(text);
+        state.1 = true;
+        if self.to_stdout {
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "{text}").and_then(|_| out.flush());
+        } else {
+            let prefix = match (start, self.colour) {
+                (false, _) => "",
+                (true, true) => "\x1b[1;32manswer:\x1b[0m ",
+                (true, false) => "answer: ",
+            };
+            eprint!("{prefix}{text}");
+        }
+    }
+
+    /// Ends the line of what was shown, before another event's line.
+    pub(super) fn pause(&self) {
+        let mut state = self.state();
+        let mut open = state.1;
+        self.end_line(&mut open);
+        state.1 = open;
+    }
+
+    /// Ends what was shown once the final answer is known: true when it was that answer (nothing more to
+    /// show); false when nothing was shown or another answer stands (a reply not used), which the caller
+    /// then shows whole.
+    pub(super) fn finish(&self, answer: &str) -> bool {
+        let mut state = self.state();
+        let (shown, mut open) = std::mem::take(&mut *state);
+        self.end_line(&mut open);
+        !shown.is_empty() && shown.trim() == answer
+    }
+}

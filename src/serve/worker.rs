@@ -378,6 +378,14 @@ impl Driver for Shared {
     fn answer(&mut self, messages: &[ChatMessage], max_tokens: usize) -> crate::error::Result<Option<DriverOutput>> {
         lock(&self.0).answer(messages, max_tokens)
     }
+    fn answer_streamed(
+        &mut self,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> crate::error::Result<Option<DriverOutput>> {
+        lock(&self.0).answer_streamed(messages, max_tokens, on_text)
+    }
     fn call_margin(
         &mut self,
         req: &DecisionRequest<'_>,

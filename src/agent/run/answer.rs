@@ -24,7 +24,12 @@ impl Agent {
             return Ok(None);
         }
         let messages = self.plain_turns(run);
-        let Some(out) = self.driver.answer(&messages, self.config.answer_tokens)? else { return Ok(None) };
+        let tokens = self.config.answer_tokens;
+        let out = match self.answer_text.as_mut() {
+            Some(f) => self.driver.answer_streamed(&messages, tokens, &mut |t| f(t))?,
+            None => self.driver.answer(&messages, tokens)?,
+        };
+        let Some(out) = out else { return Ok(None) };
         stats.generated_tokens += out.stats.generated_tokens;
         stats.prompt_tokens += out.stats.prompt_tokens;
         stats.reused_tokens += out.stats.reused_tokens;
