@@ -642,3 +642,48 @@ parameters = { type = "object", properties = { tree = { "$ref" = "#/$defs/node" 
     let o = reagent(&["run", "--model", tiny.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "hello"]);
     assert_clean_failure(&o, &["walk", "/properties/tree", "no finite value"]);
 }
+
+/// A large tool output is written once in `run --json`'s events (its `tool_call_completed`), not again in
+/// the step's record; a trace of the run still resumes with it (the record's outputs are read back from
+/// the events).
+#[test]
+fn a_large_tool_output_appears_once_in_the_json_events() {
+    let smol = real_model_path("smollm2-135m");
+    let root = scratch().join("big-output");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut text: String = (0..1500).map(|i| format!("line {i} of filler text\n")).collect();
+    text.truncate(60 * 1024);
+    text.push_str("END-MARKER-7731\n");
+    std::fs::write(root.join("big.txt"), &text).unwrap();
+    let trace = scratch().join("big-output.trace");
+    let _ = std::fs::remove_file(&trace);
+    let o = reagent(&[
+        "run",
+        "--model",
+        smol.to_str().unwrap(),
+        "--root",
+        root.to_str().unwrap(),
+        "--builtin",
+        "read_file",
+        "--max-steps",
+        "2",
+        "--json",
+        "--trace",
+        trace.to_str().unwrap(),
+        "What does big.txt say?",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("\"tool_call_completed\""), "{out}");
+    assert_eq!(out.matches("END-MARKER-7731").count(), 1, "{}", stderr(&o));
+    let step = out.lines().find(|l| l.contains("\"step_completed\"")).expect("a step_completed event");
+    assert!(step.contains("\"observed\":true") && !step.contains("line 1 of filler"), "{step}");
+    // The trace's record gets the output back (what --resume replays).
+    let recorded = reagent::agent::read_trace(&trace).unwrap();
+    let record = recorded.steps[0].record.as_ref().expect("a complete first step");
+    match &record.calls[0].outcome {
+        reagent::tools::CallOutcome::Ok { output } => {
+            assert!(output.ends_with("END-MARKER-7731\n"), "{}", output.len())
+        }
+        other => panic!("{other:?}"),
+    }
+}

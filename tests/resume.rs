@@ -206,3 +206,36 @@ fn a_completed_write_after_a_held_call_is_not_run_again() {
     assert_eq!(t.final_answer.as_deref(), Some("done"));
     assert!(after.lock().unwrap().is_empty(), "ran again: {:?}", after.lock().unwrap());
 }
+
+/// A step record written once: its outputs (a completed call's, a refused repeat's) are left out of the
+/// `step_completed` event and read back from the trace's other events, whole.
+#[test]
+fn a_traces_records_get_their_outputs_back_from_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("repeat.trace");
+    let log = EventLog::create(&path).unwrap();
+    let long = "x".repeat(5000) + "END";
+    let out = long.clone();
+    let read = FnTool::new(ToolSpec::new("read", "Reads a note.", params()).unwrap(), move |_: &Value| {
+        Ok::<_, ToolError>(json!(out.clone()))
+    })
+    .read_only();
+    let same = call("read", json!({"name": "a"}));
+    let mut agent = Agent::builder()
+        .driver(ScriptedDriver::new(vec![same.clone(), same, answer("done")]))
+        .tool(read)
+        .config(reagent::AgentConfig::default().first_call(reagent::agent::FirstCall::Never).repeat_limit(2))
+        .events(log.clone())
+        .build()
+        .unwrap();
+    let t = agent.run("read a twice").unwrap();
+    assert!(matches!(t.steps[1].calls[0].outcome, reagent::tools::CallOutcome::Repeated { .. }), "{t:?}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches("END").count(), 1, "the output is in the trace once");
+    let recorded = read_trace(&path).unwrap();
+    for (i, step) in t.steps.iter().take(2).enumerate() {
+        let record = recorded.steps[i].record.as_ref().unwrap();
+        assert_eq!(record.calls, step.calls, "step {i}");
+        assert_eq!(record.observation.is_some(), step.observation.is_some());
+    }
+}

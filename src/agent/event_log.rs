@@ -10,6 +10,7 @@ use sha2::Digest;
 
 use super::events::{AgentEvent, EventSink, Transcript};
 use crate::error::{Error, Result};
+use crate::tools::CallOutcome;
 
 /// A JSON-lines event log. Each line is one `write` to an unbuffered file, so an interrupted or killed
 /// run leaves whole lines: `{"event": "tool_call_started", …}`, or `{"task": ID, "event": {…}}` through
@@ -112,8 +113,9 @@ pub struct TraceHeader {
     pub settings: String,
 }
 
-/// The trace format [`TraceHeader::version`] this build writes and reads.
-pub const TRACE_VERSION: u32 = 1;
+/// The trace format [`TraceHeader::version`] this build writes. It reads this one and version 1, whose
+/// `step_completed` records were written whole.
+pub const TRACE_VERSION: u32 = 2;
 
 impl TraceHeader {
     pub fn new(task: &str, model: String, tools: &[crate::tools::ToolSpec], settings: String) -> Self {
@@ -134,7 +136,7 @@ impl TraceHeader {
     /// each; empty when they are the same run.
     pub fn differences(&self, now: &TraceHeader) -> Vec<String> {
         let mut out = Vec::new();
-        if self.version != now.version {
+        if self.version != now.version && !(self.version == 1 && now.version == 2) {
             out.push(format!("trace format {} (this build reads {})", self.version, now.version));
         }
         if self.task != now.task {
@@ -269,10 +271,33 @@ fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
                 *o = Some(outcome);
             }
         }
-        E::StepCompleted { record, .. } => {
-            if let Some(s) = run.steps.last_mut() {
-                s.record = Some(record);
+        E::StepCompleted { mut record, .. } => {
+            let Some((s, earlier)) = run.steps.split_last_mut() else { return true };
+            // The outputs the record leaves out: those of the step's completed calls, in order; a refused
+            // repeat's, the latest equal call's result. An empty output that no event carried was empty.
+            let mut completed = s.started.iter().filter_map(|(c, o)| Some((c, o.as_ref()?)));
+            for i in 0..record.calls.len() {
+                let (before, rest) = record.calls.split_at_mut(i);
+                let rec = &mut rest[0];
+                match &mut rec.outcome {
+                    CallOutcome::Ok { output } if output.is_empty() => {
+                        if let Some((_, CallOutcome::Ok { output: full })) = completed.find(|(c, _)| **c == rec.call) {
+                            output.clone_from(full);
+                        }
+                    }
+                    CallOutcome::Repeated { output, .. } if output.is_empty() => {
+                        let records = earlier.iter().filter_map(|s| s.record.as_ref()).flat_map(|r| r.calls.iter());
+                        let latest = records.chain(before.iter()).rev().find(|c| c.call == rec.call);
+                        *output = match latest.map(|c| &c.outcome) {
+                            Some(CallOutcome::Repeated { output, .. }) => output.clone(),
+                            Some(o) => o.observation(),
+                            None => String::new(),
+                        };
+                    }
+                    _ => {}
+                }
             }
+            s.record = Some(record);
         }
         _ => {}
     }

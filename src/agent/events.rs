@@ -152,9 +152,14 @@ pub enum AgentEvent {
         reason: String,
     },
     /// A step's calls ran (or were refused) and their results are known: the record a resumed run
-    /// replays ([`Agent::resume`](super::Agent::resume)).
+    /// replays ([`Agent::resume`](super::Agent::resume)). Each output is written once in a run's events:
+    /// as JSON, the record leaves out the outputs of the calls whose [`ToolCallCompleted`]
+    /// (Self::ToolCallCompleted) carried them and of refused repeats (the earlier call's), read back as
+    /// empty ones that [`read_trace`](super::read_trace) fills from the events, and the observation text,
+    /// which is made from the outcomes (`observed` says whether there was one; read back as empty).
     StepCompleted {
         step: usize,
+        #[serde(with = "compact_record")]
         record: Step,
     },
     /// A run resumed from a trace: its first `steps` steps were replayed from the record, not made again.
@@ -273,4 +278,48 @@ pub struct Transcript {
     pub final_answer: Option<String>,
     pub stop_reason: StopReason,
     pub stats: RunStats,
+}
+
+/// A step record as [`AgentEvent::StepCompleted`] writes it: without the outputs its calls'
+/// `tool_call_completed` events carry, and without the observation text.
+mod compact_record {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    use super::Step;
+
+    pub(super) fn serialize<S: Serializer>(step: &Step, s: S) -> Result<S::Ok, S::Error> {
+        let mut v = serde_json::to_value(step).map_err(serde::ser::Error::custom)?;
+        for call in v.get_mut("calls").and_then(Value::as_array_mut).into_iter().flatten() {
+            let outcome = call.get_mut("outcome").and_then(Value::as_object_mut);
+            if let Some(o) =
+                outcome.filter(|o| matches!(o.get("kind").and_then(Value::as_str), Some("ok" | "repeated")))
+            {
+                o.remove("output");
+            }
+        }
+        if let Some(o) = v.as_object_mut() {
+            o.remove("observation");
+            o.insert("observed".into(), Value::Bool(step.observation.is_some()));
+        }
+        v.serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Step, D::Error> {
+        let mut v = Value::deserialize(d)?;
+        // A record written whole (an earlier build's) is read as it is.
+        if let Some(o) = v.as_object_mut().filter(|o| !o.contains_key("observation")) {
+            let observed = o.remove("observed").and_then(|b| b.as_bool()).unwrap_or(false);
+            o.insert("observation".into(), if observed { Value::String(String::new()) } else { Value::Null });
+        }
+        for call in v.get_mut("calls").and_then(Value::as_array_mut).into_iter().flatten() {
+            let outcome = call.get_mut("outcome").and_then(Value::as_object_mut);
+            if let Some(o) =
+                outcome.filter(|o| matches!(o.get("kind").and_then(Value::as_str), Some("ok" | "repeated")))
+            {
+                o.entry("output").or_insert_with(|| Value::String(String::new()));
+            }
+        }
+        serde_json::from_value(v).map_err(serde::de::Error::custom)
+    }
 }
