@@ -475,3 +475,28 @@ fn a_served_decision_is_the_decision_a_run_makes() {
         }
     }
 }
+
+/// With `"stream": true`, a request with tools whose decision answers in the model's own words gets the
+/// answer's text as it is generated, in several content deltas that make the answer a plain request gets.
+#[test]
+fn an_answer_to_a_request_with_tools_is_streamed_as_it_is_generated() {
+    let s = server(ServeOptions::default());
+    let body = json!({"messages": [{"role": "user", "content": "What is the weather in Oslo?"}],
+        "tools": weather_tools(), "tool_choice": "auto", "temperature": 0});
+    let (status, whole) = post(s.addr(), &body);
+    assert_eq!(status, 200, "{whole}");
+    let answer = whole["choices"][0]["message"]["content"].as_str().expect("this decision answers").to_string();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, text) = http(s.addr(), "POST", "/v1/chat/completions", streamed.to_string().as_bytes(), &[]);
+    assert_eq!(status, 200, "{text}");
+    let deltas: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .filter(|c| !c.is_empty())
+        .collect();
+    assert!(deltas.len() > 3, "in pieces: {deltas:?}");
+    assert_eq!(deltas.concat().trim(), answer);
+}

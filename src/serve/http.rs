@@ -229,8 +229,9 @@ struct Streaming {
     meta: Meta,
     include_usage: bool,
     pending: VecDeque<String>,
-    /// Content was streamed as it came (a chat generation), rather than with the end (a decision).
-    streamed_text: bool,
+    /// The content streamed as it came (a chat generation, an answer in the model's own words), rather
+    /// than with the end.
+    streamed_text: String,
     done: bool,
     _guard: CancelOnDrop,
 }
@@ -240,7 +241,7 @@ impl Streaming {
     fn on(&mut self, e: Option<Event>) {
         match e {
             Some(Event::Delta(text)) => {
-                self.streamed_text = true;
+                self.streamed_text.push_str(&text);
                 self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
             }
             Some(Event::Done(c)) => {
@@ -249,8 +250,18 @@ impl Streaming {
                 if let Some(r) = &c.reasoning {
                     self.pending.push_back(self.meta.chunk(json!({"reasoning_content": r}), None).to_string());
                 }
-                if let (false, Some(text)) = (self.streamed_text, &c.content) {
-                    self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
+                match &c.content {
+                    // Sent as it came.
+                    Some(text) if text.trim() == self.streamed_text.trim() => {}
+                    // Nothing streamed, or a reply streamed and then not used (cut off, an error copied):
+                    // the answer that stands, whole, on a line of its own.
+                    Some(text) if self.streamed_text.is_empty() => {
+                        self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string())
+                    }
+                    Some(text) => self
+                        .pending
+                        .push_back(self.meta.chunk(json!({"content": format!("\n{text}")}), None).to_string()),
+                    None => {}
                 }
                 if !c.calls.is_empty() {
                     let delta = json!({"tool_calls": tool_calls(&c.calls, true)});
@@ -304,7 +315,7 @@ async fn streamed(
         meta,
         include_usage,
         pending: VecDeque::from([first]),
-        streamed_text: false,
+        streamed_text: String::new(),
         done: false,
         _guard: guard,
     };

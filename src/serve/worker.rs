@@ -26,7 +26,7 @@ use crate::tools::{CallOutcome, FnTool, Tool, ToolCall, ToolError};
 /// What the worker sends back for a request.
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// Text of the answer, as soon as it is final (chat generations).
+    /// Text of the answer as it is generated (chat generations, and answers in the model's own words).
     Delta(String),
     Done(Completion),
     Failed(ApiError),
@@ -118,7 +118,7 @@ impl Worker {
         let req = &job.req;
         match req.tools.is_empty() || req.choice == Choice::None {
             true => self.chat(req, &job.events, &job.cancel),
-            false => self.decide(req),
+            false => self.decide(req, &job.events),
         }
     }
 
@@ -192,7 +192,7 @@ impl Worker {
     }
 
     /// One agent decision over the request's tools (never run here: the client runs them).
-    fn decide(&mut self, req: &ChatRequest) -> Res<Completion> {
+    fn decide(&mut self, req: &ChatRequest, events: &UnboundedSender<Event>) -> Res<Completion> {
         let shared = Shared(self.driver.clone());
         let entry = shared.catalog_entry();
         let mut config =
@@ -230,10 +230,15 @@ impl Worker {
         let (conversation, recorded) = history(&req.messages, format, &syntax)?;
         config.max_steps = recorded.len() + 1;
         let replayed = recorded.len();
+        // An answer in the model's own words goes out as it is generated (a streamed response sends it on).
+        let deltas = events.clone();
         let mut agent = Agent::builder()
             .boxed_driver(Box::new(shared))
             .tools(stubs)
             .config(config)
+            .answer_text(move |t| {
+                let _ = deltas.send(Event::Delta(t.to_string()));
+            })
             .build()
             .map_err(|e| ApiError::bad("tools", crate::error::one_line(&e.to_string())))?;
         let t = agent.resume(&conversation, recorded).map_err(server_error)?;
