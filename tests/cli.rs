@@ -687,3 +687,23 @@ fn a_large_tool_output_appears_once_in_the_json_events() {
         other => panic!("{other:?}"),
     }
 }
+
+/// One process at a time resumes (or writes) a trace: while another holds it, `run --resume` and `run
+/// --trace` on it are refused at once, naming it, and the trace is left as it was.
+#[test]
+fn a_trace_held_by_another_process_is_refused() {
+    use std::os::unix::io::AsRawFd;
+    let tiny = tiny_path(Arch::Qwen2);
+    let trace = scratch().join("held.trace");
+    std::fs::write(&trace, "{\"trace\": {}}\n").unwrap();
+    let held = std::fs::File::open(&trace).unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let t = trace.to_str().unwrap();
+    let o = reagent(&["run", "--model", tiny.to_str().unwrap(), "--resume", t]);
+    assert_clean_failure(&o, &["held.trace", "another run is resuming this trace"]);
+    let o = reagent(&["run", "--model", tiny.to_str().unwrap(), "--trace", t, "hello"]);
+    assert_clean_failure(&o, &["held.trace", "another run is writing or resuming this trace"]);
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), "{\"trace\": {}}\n", "the trace is untouched");
+    drop(held);
+}

@@ -23,6 +23,13 @@ use super::{display, load, stdout_failed, INTERRUPTED_EXIT};
 pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let mut config = run_config(&a.opts)?;
     let tools = run_tools(&a.opts)?;
+    // One process at a time resumes a trace, and none while the run that writes it goes on: two would run
+    // the same recorded calls. The lock is held until the run ends.
+    let _trace_lock = match (&a.resume, &a.trace) {
+        (Some(path), _) => Some(lock_trace(path, false, "another run is resuming this trace, or still writing it")?),
+        (None, Some(path)) => Some(lock_trace(path, true, "another run is writing or resuming this trace")?),
+        (None, None) => None,
+    };
     let recorded = a.resume.as_deref().map(reagent::agent::read_trace).transpose()?;
     let task = match (&a.task, &recorded) {
         (Some(t), _) => t.clone(),
@@ -303,7 +310,7 @@ fn open_results(out: &PathBuf, tasks: &Path, resume: bool) -> Result<BufWriter<F
         .append(true)
         .open(out)
         .with_context(|| format!("opening {}", out.display()))?;
-    lock_exclusive(&file).with_context(|| format!("--out {}", out.display()))?;
+    lock_exclusive(&file, "another eval is writing this file").with_context(|| format!("--out {}", out.display()))?;
     if !resume {
         file.set_len(0).with_context(|| format!("emptying {}", out.display()))?;
     }
@@ -312,7 +319,7 @@ fn open_results(out: &PathBuf, tasks: &Path, resume: bool) -> Result<BufWriter<F
 
 /// An exclusive advisory lock on `file`, held until it is closed; refused at once when another process
 /// holds one (two evals appending to one file would interleave their lines).
-fn lock_exclusive(file: &File) -> Result<()> {
+fn lock_exclusive(file: &File, held: &str) -> Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::io::AsRawFd;
@@ -320,7 +327,7 @@ fn lock_exclusive(file: &File) -> Result<()> {
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::WouldBlock {
-                bail!("another eval is writing this file");
+                bail!("{held}");
             }
             return Err(e.into());
         }
@@ -328,6 +335,19 @@ fn lock_exclusive(file: &File) -> Result<()> {
     #[cfg(not(unix))]
     let _ = file;
     Ok(())
+}
+
+/// The trace at `path` (made, empty, when `create` and absent), opened and locked before it is read or
+/// written ([`lock_exclusive`]; `held`: the error where another process holds it).
+fn lock_trace(path: &Path, create: bool, held: &str) -> Result<File> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(create)
+        .open(path)
+        .with_context(|| format!("{}", path.display()))?;
+    lock_exclusive(&file, held).with_context(|| format!("{}", path.display()))?;
+    Ok(file)
 }
 
 /// The eval options of `eval`'s flags but the decision settings, which depend on the model.
