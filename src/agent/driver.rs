@@ -77,23 +77,15 @@ pub trait Driver: Send {
     }
     /// The model's own reply to `messages` as free text: the chat template with no tools and no grammar,
     /// at most `max_tokens` tokens, ended by the model (an answer in its own words once a decision chose
-    /// to answer). `None` where the driver cannot (the default).
-    fn answer(&mut self, _messages: &[ChatMessage], _max_tokens: usize) -> Result<Option<DriverOutput>> {
-        Ok(None)
-    }
-    /// [`answer`](Self::answer), giving each piece of the text to `on_text` as it is generated (the
-    /// default gives the whole text once it is done).
-    fn answer_streamed(
+    /// to answer), each piece of its text given to `on_text` as it is generated. `None` where the driver
+    /// cannot (the default).
+    fn answer(
         &mut self,
-        messages: &[ChatMessage],
-        max_tokens: usize,
-        on_text: &mut dyn FnMut(&str),
+        _messages: &[ChatMessage],
+        _max_tokens: usize,
+        _on_text: &mut dyn FnMut(&str),
     ) -> Result<Option<DriverOutput>> {
-        let out = self.answer(messages, max_tokens)?;
-        if let Some(o) = &out {
-            on_text(&o.text);
-        }
-        Ok(out)
+        Ok(None)
     }
     /// The model's score for calling a tool at the start of its reply to `req.messages` in its own call
     /// syntax (`req`: a native request under `req.grammar`, the tools rendered by the template): the
@@ -444,11 +436,7 @@ impl Driver for ModelDriver {
         Ok(DriverOutput { text, thinking, complete, stats })
     }
 
-    fn answer(&mut self, messages: &[ChatMessage], max_tokens: usize) -> Result<Option<DriverOutput>> {
-        self.answer_streamed(messages, max_tokens, &mut |_| {})
-    }
-
-    fn answer_streamed(
+    fn answer(
         &mut self,
         messages: &[ChatMessage],
         max_tokens: usize,

@@ -269,6 +269,15 @@ pub struct RunStats {
     pub seconds: f64,
 }
 
+impl RunStats {
+    /// Counts one generation's prompt, reused and generated tokens.
+    pub(crate) fn count(&mut self, s: &DecisionStats) {
+        self.prompt_tokens += s.prompt_tokens;
+        self.reused_tokens += s.reused_tokens;
+        self.generated_tokens += s.generated_tokens;
+    }
+}
+
 /// What a run returns.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -292,9 +301,7 @@ mod compact_record {
         let mut v = serde_json::to_value(step).map_err(serde::ser::Error::custom)?;
         for call in v.get_mut("calls").and_then(Value::as_array_mut).into_iter().flatten() {
             let outcome = call.get_mut("outcome").and_then(Value::as_object_mut);
-            if let Some(o) =
-                outcome.filter(|o| matches!(o.get("kind").and_then(Value::as_str), Some("ok" | "repeated")))
-            {
+            if let Some(o) = outcome.filter(|o| output_left_out(o)) {
                 o.remove("output");
             }
         }
@@ -303,6 +310,12 @@ mod compact_record {
             o.insert("observed".into(), Value::Bool(step.observation.is_some()));
         }
         v.serialize(s)
+    }
+
+    /// The outcomes whose output the record leaves out: a completed call's (its event carries it) and a
+    /// refused repeat's (the earlier call's).
+    fn output_left_out(outcome: &serde_json::Map<String, Value>) -> bool {
+        matches!(outcome.get("kind").and_then(Value::as_str), Some("ok" | "repeated"))
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Step, D::Error> {
@@ -314,9 +327,7 @@ mod compact_record {
         }
         for call in v.get_mut("calls").and_then(Value::as_array_mut).into_iter().flatten() {
             let outcome = call.get_mut("outcome").and_then(Value::as_object_mut);
-            if let Some(o) =
-                outcome.filter(|o| matches!(o.get("kind").and_then(Value::as_str), Some("ok" | "repeated")))
-            {
+            if let Some(o) = outcome.filter(|o| output_left_out(o)) {
                 o.entry("output").or_insert_with(|| Value::String(String::new()));
             }
         }

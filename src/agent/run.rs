@@ -310,37 +310,49 @@ impl Agent {
             Some((grammar, tools)) => self.native_branch(run, grammar, tools)?,
             None => None,
         };
-        if let Some(b) = branch.as_mut().filter(|b| !b.call) {
-            if let Some(answer) = self.own_words(run, &mut b.stats)? {
-                return Ok(Some(self.answered(step_no, run, messages, answer, b.stats.clone())));
-            }
-        }
-        let grammar = match (&first_grammar, &branch) {
-            (Some(g), _) => g,
-            (None, Some(b)) if b.call => grammars.pick(true, false),
-            (None, Some(_)) => &grammars.answer_only,
-            (None, None) => grammars.pick(forced_call, run.force_answer),
+        // Where the call score chose to answer, the model's own reply is the step's decision.
+        let own = match branch.as_mut().filter(|b| !b.call) {
+            Some(b) => self.own_words(run, &mut b.stats)?,
+            None => None,
         };
         let forced_after_error = std::mem::take(&mut run.after_error);
-        // A step that must answer is not asked to call after a slip.
-        let call_only = grammars.call_only.as_ref().filter(|_| !run.force_answer);
-        let pending = call_only.and_then(|_| self.still_needed(run));
-        let checks = Checks {
-            call_only,
-            slips: (self.config.check_arithmetic && !run.force_answer).then_some(&mut run.flagged_slips),
-            failures: &run.failures,
-            pending,
-            raised: &mut run.pending_raised,
+        let mut decided = match (own, &branch) {
+            (Some(answer), Some(b)) => Decided {
+                text: answer::answer_text(&answer),
+                decision: Decision::FinalAnswer { thought: String::new(), answer },
+                thinking: None,
+                stats: b.stats.clone(),
+                retries: 0,
+            },
+            _ => {
+                let grammar = match (&first_grammar, &branch) {
+                    (Some(g), _) => g,
+                    (None, Some(b)) if b.call => grammars.pick(true, false),
+                    (None, Some(_)) => &grammars.answer_only,
+                    (None, None) => grammars.pick(forced_call, run.force_answer),
+                };
+                // A step that must answer is not asked to call after a slip.
+                let call_only = grammars.call_only.as_ref().filter(|_| !run.force_answer);
+                let pending = call_only.and_then(|_| self.still_needed(run));
+                let checks = Checks {
+                    call_only,
+                    slips: (self.config.check_arithmetic && !run.force_answer).then_some(&mut run.flagged_slips),
+                    failures: &run.failures,
+                    pending,
+                    raised: &mut run.pending_raised,
+                };
+                let mut decided = match self.attempt(step_no, messages, grammar, checks, tools, &mut run.stats)? {
+                    Attempt::Decided(d) => *d,
+                    Attempt::Stop(s) => return Ok(Some(s)),
+                };
+                if let Some(b) = &branch {
+                    // The choice was the model's call score: its margin is the step's.
+                    decided.stats.add_generation(&b.stats);
+                    decided.stats.branch_margins = b.stats.branch_margins.clone();
+                }
+                decided
+            }
         };
-        let mut decided = match self.attempt(step_no, messages, grammar, checks, tools, &mut run.stats)? {
-            Attempt::Decided(d) => *d,
-            Attempt::Stop(s) => return Ok(Some(s)),
-        };
-        if let Some(b) = &branch {
-            // The choice was the model's call score: its margin is the step's.
-            decided.stats.add_generation(&b.stats);
-            decided.stats.branch_margins = b.stats.branch_margins.clone();
-        }
         // The first free choice between calling and answering: a call made of values the user never
         // wrote means no listed tool fits.
         let free_first = run.steps.is_empty() && !forced_call && !run.force_answer && has_tools;
@@ -547,9 +559,7 @@ impl Agent {
             if crate::limits::interrupted() {
                 return Ok(Attempt::Stop(StopReason::Interrupted));
             }
-            stats.prompt_tokens += out.stats.prompt_tokens;
-            stats.reused_tokens += out.stats.reused_tokens;
-            stats.generated_tokens += out.stats.generated_tokens;
+            stats.count(&out.stats);
             if let Some(budget) = self.config.token_budget.filter(|&b| stats.generated_tokens > b) {
                 return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
             }

@@ -380,16 +380,13 @@ impl Driver for Shared {
     fn extend(&mut self, req: &DecisionRequest<'_>) -> crate::error::Result<Option<DriverOutput>> {
         lock(&self.0).extend(req)
     }
-    fn answer(&mut self, messages: &[ChatMessage], max_tokens: usize) -> crate::error::Result<Option<DriverOutput>> {
-        lock(&self.0).answer(messages, max_tokens)
-    }
-    fn answer_streamed(
+    fn answer(
         &mut self,
         messages: &[ChatMessage],
         max_tokens: usize,
         on_text: &mut dyn FnMut(&str),
     ) -> crate::error::Result<Option<DriverOutput>> {
-        lock(&self.0).answer_streamed(messages, max_tokens, on_text)
+        lock(&self.0).answer(messages, max_tokens, on_text)
     }
     fn call_margin(
         &mut self,

@@ -24,19 +24,16 @@ impl Agent {
             return Ok(None);
         }
         let messages = self.plain_turns(run);
-        let tokens = self.config.answer_tokens;
-        let out = match self.answer_text.as_mut() {
-            Some(f) => self.driver.answer_streamed(&messages, tokens, &mut |t| f(t))?,
-            None => self.driver.answer(&messages, tokens)?,
+        let sink = &mut self.answer_text;
+        let mut on_text = |t: &str| sink.as_mut().map_or((), |f| f(t));
+        let Some(out) = self.driver.answer(&messages, self.config.answer_tokens, &mut on_text)? else {
+            return Ok(None);
         };
-        let Some(out) = out else { return Ok(None) };
         stats.generated_tokens += out.stats.generated_tokens;
         stats.prompt_tokens += out.stats.prompt_tokens;
         stats.reused_tokens += out.stats.reused_tokens;
         stats.seconds += out.stats.seconds;
-        run.stats.prompt_tokens += out.stats.prompt_tokens;
-        run.stats.reused_tokens += out.stats.reused_tokens;
-        run.stats.generated_tokens += out.stats.generated_tokens;
+        run.stats.count(&out.stats);
         let text = out.text.trim();
         let own = Decision::FinalAnswer { thought: String::new(), answer: text.to_string() };
         if text.is_empty() || !out.complete || copied_failure(&own, &run.failures).is_some() {

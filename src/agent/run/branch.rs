@@ -2,14 +2,13 @@
 //! ([`AgentConfig::native_branch`](crate::agent::AgentConfig)): its margin for starting a call in its own
 //! call syntax, with the tools its chat template renders, where its reply to the request begins.
 
-use super::{Decision, RunState};
+use super::RunState;
 use crate::agent::decision::{BranchBiases, DecisionFormat};
 use crate::agent::driver::DecisionRequest;
-use crate::agent::events::{AgentEvent, DecisionStats, Step, StopReason};
+use crate::agent::events::DecisionStats;
 use crate::agent::Agent;
 use crate::decode::constraint::Grammar;
 use crate::error::Result;
-use crate::text::chat::ChatMessage;
 use serde_json::Value;
 
 /// What the model's call score chose, and the figures of scoring.
@@ -44,36 +43,7 @@ impl Agent {
             think_budget: 0,
         };
         let Some((margin, stats)) = self.driver.call_margin(&req)? else { return Ok(None) };
-        run.stats.prompt_tokens += stats.prompt_tokens;
-        run.stats.reused_tokens += stats.reused_tokens;
-        run.stats.generated_tokens += stats.generated_tokens;
+        run.stats.count(&stats);
         Ok(Some(Branch { call: margin + self.config.branch_biases.call > 0.0, stats }))
-    }
-
-    /// Ends the run's first step with `answer`, the model's own reply, where its call score chose to
-    /// answer.
-    pub(super) fn answered(
-        &mut self,
-        step_no: usize,
-        run: &mut RunState,
-        messages: &mut Vec<ChatMessage>,
-        answer: String,
-        stats: DecisionStats,
-    ) -> StopReason {
-        let decision = Decision::FinalAnswer { thought: String::new(), answer: answer.clone() };
-        let text = super::answer::answer_text(&answer);
-        self.emit(AgentEvent::DecisionExtracted {
-            step: step_no,
-            decision: decision.clone(),
-            stats: stats.clone(),
-            text: text.clone(),
-            thinking: None,
-        });
-        messages.push(ChatMessage::assistant(text));
-        self.emit(AgentEvent::FinalAnswer { step: step_no, answer });
-        let step =
-            Step { decision, thinking: None, calls: Vec::new(), observation: None, retries: 0, stats, grounding: None };
-        run.steps.push(step);
-        StopReason::FinalAnswer
     }
 }
