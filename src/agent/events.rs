@@ -153,8 +153,8 @@ pub enum AgentEvent {
     },
     /// A step's calls ran (or were refused) and their results are known: the record a resumed run
     /// replays ([`Agent::resume`](super::Agent::resume)). Each output is written once in a run's events:
-    /// as JSON, the record leaves out the outputs of the calls whose [`ToolCallCompleted`]
-    /// (Self::ToolCallCompleted) carried them and of refused repeats (the earlier call's), read back as
+    /// as JSON, the record leaves out the outputs of the calls whose
+    /// [`ToolCallCompleted`](Self::ToolCallCompleted) carried them and of refused repeats (the earlier call's), read back as
     /// empty ones that [`read_trace`](super::read_trace) fills from the events, and the observation text,
     /// which is made from the outcomes (`observed` says whether there was one; read back as empty).
     StepCompleted {
