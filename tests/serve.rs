@@ -500,3 +500,83 @@ fn an_answer_to_a_request_with_tools_is_streamed_as_it_is_generated() {
     assert!(deltas.len() > 3, "in pieces: {deltas:?}");
     assert_eq!(deltas.concat().trim(), answer);
 }
+
+/// `/v1/responses` in the Responses API's shapes: a plain answer, the same answer streamed as typed
+/// events, a function call, and its output sent back as items; refusals name this API's fields.
+#[test]
+fn the_responses_api_answers_streams_and_calls() {
+    let s = server(ServeOptions::default());
+    let a = s.addr();
+    let respond = |body: &Value| {
+        let (status, text) = http(a, "POST", "/v1/responses", body.to_string().as_bytes(), &[]);
+        (status, text)
+    };
+    let (status, text) = respond(&json!({"input": "hello world", "max_output_tokens": 12, "temperature": 0}));
+    assert_eq!(status, 200, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((r["object"].as_str(), r["output"][0]["type"].as_str()), (Some("response"), Some("message")));
+    let answer = r["output"][0]["content"][0]["text"].as_str().unwrap().to_string();
+    assert!(["completed", "incomplete"].contains(&r["status"].as_str().unwrap()), "{r}");
+    assert_eq!(
+        r["usage"]["total_tokens"],
+        r["usage"]["input_tokens"].as_u64().unwrap() + r["usage"]["output_tokens"].as_u64().unwrap()
+    );
+
+    // Streamed: named events in order, whose text deltas add up to the same answer.
+    let (status, sse) =
+        respond(&json!({"input": "hello world", "max_output_tokens": 12, "temperature": 0, "stream": true}));
+    assert_eq!(status, 200, "{sse}");
+    let names: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    let data: Vec<Value> =
+        sse.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(names.len(), data.len(), "{sse}");
+    assert!(names.iter().zip(&data).all(|(n, d)| d["type"] == *n), "{sse}");
+    assert_eq!(names.first(), Some(&"response.created"));
+    assert!(["response.completed", "response.incomplete"].contains(names.last().unwrap()), "{sse}");
+    let deltas: String = data
+        .iter()
+        .filter(|d| d["type"] == "response.output_text.delta")
+        .map(|d| d["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, answer);
+
+    // A function tool under `required`: a call item whose arguments validate.
+    let tools: Vec<Value> = weather_tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let mut f = t["function"].clone();
+            f["type"] = json!("function");
+            f
+        })
+        .collect();
+    let ask = json!([{"role": "user", "content": "weather in Paris for 3 days"}]);
+    let (status, text) = respond(&json!({"input": ask, "tools": tools, "tool_choice": "required"}));
+    assert_eq!(status, 200, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let call = r["output"].as_array().unwrap().iter().find(|i| i["type"] == "function_call").expect("a call").clone();
+    let as_chat = json!({"tool_calls": [{"id": call["call_id"], "type": "function",
+        "function": {"name": call["name"], "arguments": call["arguments"]}}]});
+    check_calls(&as_chat, &weather_tools());
+
+    // The call and its output sent back as items: the next response goes on from them.
+    let mut turn = ask.as_array().unwrap().clone();
+    turn.push(call.clone());
+    turn.push(json!({"type": "function_call_output", "call_id": call["call_id"], "output": "18 C"}));
+    let (status, text) = respond(&json!({"input": turn, "tools": tools}));
+    assert_eq!(status, 200, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert!(!r["output"].as_array().unwrap().is_empty(), "{r}");
+
+    // Refusals name this API's fields.
+    for (body, param) in [
+        (json!({"input": "hi", "previous_response_id": "resp_1"}), "previous_response_id"),
+        (json!({"input": [{"type": "function_call_output", "output": "x"}]}), "input[0].call_id"),
+        (json!({"input": "hi", "tools": [{"type": "file_search"}]}), "tools[0].type"),
+    ] {
+        let (status, text) = respond(&body);
+        let e: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!((status, e["error"]["param"].as_str()), (400, Some(param)), "{text}");
+    }
+}

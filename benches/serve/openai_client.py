@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The official `openai` client against `reagent serve`, unchanged: plain chat, streaming, tools under
-each tool_choice (non-streamed and streamed), parallel calls, a json_schema response. Every returned call
-must name a given tool and validate against its schema.
+each tool_choice (non-streamed and streamed), parallel calls, a json_schema response; then the Responses
+API (`responses.create`): plain, streamed, with a function tool, and the call's output sent back. Every
+returned call must name a given tool and validate against its schema.
 
 Usage: python openai_client.py BASE_URL   (e.g. http://127.0.0.1:8080/v1)
 """
@@ -95,7 +96,48 @@ def main():
              response_format={"type": "json_schema", "json_schema": {"name": "place", "strict": True, "schema": schema}})
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     print("json_schema:", r.choices[0].message.content)
+    responses(client, model)
     print(f"ok: {checked} tool calls, every one valid against its schema")
+
+
+def responses(client, model):
+    """The Responses API: plain, streamed, a function tool, its output sent back."""
+    r = client.responses.create(model=model, input="What is the capital of France?", temperature=0)
+    assert r.status == "completed" and "Paris" in r.output_text, r
+    print("responses, plain:", r.output_text.strip()[:60])
+
+    text, kinds = "", []
+    with client.responses.stream(model=model, input="Count from 1 to 5.", max_output_tokens=40) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.output_text.delta":
+                text += event.delta
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), kinds
+    assert text and text == final.output_text, (text, final.output_text)
+    print("responses, streamed:", text.strip()[:60])
+
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    r = client.responses.create(model=model, input=ask, tools=tools, tool_choice="required", temperature=0)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert calls, r
+    for c in calls:
+        check_call(c.name, c.arguments)
+    print("responses, tool:", [(c.name, c.arguments) for c in calls])
+
+    # The calls and their outputs sent back as items: the next response answers from them, streamed.
+    turn = ask + [c.model_dump(exclude_none=True) for c in calls] + [
+        {"type": "function_call_output", "call_id": c.call_id, "output": "12 C, cloudy"} for c in calls]
+    streamed_calls = 0
+    with client.responses.stream(model=model, input=turn, tools=tools) as stream:
+        for event in stream:
+            if event.type == "response.output_item.done" and event.item.type == "function_call":
+                check_call(event.item.name, event.item.arguments)
+                streamed_calls += 1
+        final = stream.get_final_response()
+    assert final.output_text or streamed_calls, final
+    print("responses, after the output:", final.output_text.strip()[:60] or f"{streamed_calls} calls")
 
 
 if __name__ == "__main__":

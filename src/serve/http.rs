@@ -17,7 +17,8 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::api::{parse_chat, ApiError};
+use super::api::{parse_chat, ApiError, ChatRequest};
+use super::responses::{self, parse_responses, EventStream, ResponseMeta};
 use super::worker::{Completion, Event, Job};
 use super::{Metrics, ServeOptions};
 use crate::limits::Cancel;
@@ -34,6 +35,7 @@ type Shared = Arc<AppState>;
 pub(super) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -89,41 +91,56 @@ impl Drop for CancelOnDrop {
     }
 }
 
-async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return error(&st, &e);
-    }
-    let limit = st.opts.limits.max_body_bytes;
-    let bytes = match read_body(body, limit).await {
-        Ok(b) => b,
-        Err(e) => return error(&st, &e),
-    };
-    let req = match parse_chat(&bytes, &st.opts.limits) {
-        Ok(r) => r,
-        Err(e) => return error(&st, &e),
-    };
-    let stream = req.stream;
-    let include_usage = req.include_usage;
+/// The body of an authorized request, read within the limit.
+async fn authorized_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
+    authorize(st, headers).map_err(|e| error(st, &e))?;
+    read_body(body, st.opts.limits.max_body_bytes).await.map_err(|e| error(st, &e))
+}
+
+/// Queues a checked request for the model: its events, and the guard that cancels it when dropped; or
+/// the response that refuses it (returned by the handler at once, so not worth a box).
+#[allow(clippy::result_large_err)]
+fn submit(st: &AppState, req: ChatRequest) -> Result<(UnboundedReceiver<Event>, CancelOnDrop), Response> {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let cancel = Cancel::new();
     let guard = CancelOnDrop(cancel.clone());
     st.metrics.queued();
     match st.jobs.try_send(Job { req, events: tx, cancel }) {
-        Ok(()) => {}
+        Ok(()) => Ok((rx, guard)),
         Err(TrySendError::Full(_)) => {
             st.metrics.dequeued();
             st.metrics.responded(429);
             let e = ApiError::new(429, "rate_limit_error", "the server is busy: too many requests are waiting");
-            return (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "1")], Json(e.body())).into_response();
+            Err((StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "1")], Json(e.body())).into_response())
         }
         Err(TrySendError::Disconnected(_)) => {
             st.metrics.dequeued();
-            return error(&st, &ApiError::new(503, "server_error", "the model is no longer running"));
+            Err(error(st, &ApiError::new(503, "server_error", "the model is no longer running")))
         }
     }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match authorized_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let req = match parse_chat(&bytes, &st.opts.limits) {
+        Ok(r) => r,
+        Err(e) => return error(&st, &e),
+    };
+    let (stream, include_usage) = (req.stream, req.include_usage);
+    let (rx, guard) = match submit(&st, req) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
     let meta = Meta {
         id: format!("chatcmpl-{:016x}", rand::random::<u64>()),
-        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        created: now_secs(),
         model: st.opts.model_name.clone(),
         started: Instant::now(),
     };
@@ -131,6 +148,81 @@ async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Respo
         true => streamed(st, rx, meta, include_usage, guard).await,
         false => whole(st, rx, meta, guard).await,
     }
+}
+
+/// `POST /v1/responses`: the same request, read from and answered in the Responses API's shapes.
+async fn responses(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    let bytes = match authorized_body(&st, &headers, body).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let (req, echo) = match parse_responses(&bytes, &st.opts.limits) {
+        Ok(r) => r,
+        Err(e) => return error(&st, &e),
+    };
+    let stream = req.stream;
+    let (mut rx, guard) = match submit(&st, req) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let started = Instant::now();
+    let meta =
+        ResponseMeta { id: responses::new_id("resp"), created: now_secs(), model: st.opts.model_name.clone(), echo };
+    if !stream {
+        let _guard = guard;
+        loop {
+            match rx.recv().await {
+                Some(Event::Delta(_)) => continue,
+                Some(Event::Failed(e)) => return error(&st, &e),
+                None => return error(&st, &ApiError::new(500, "server_error", "the model thread stopped")),
+                Some(Event::Done(c)) => {
+                    st.metrics.served(started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
+                    st.metrics.responded(200);
+                    return Json(responses::whole(&meta, &c)).into_response();
+                }
+            }
+        }
+    }
+    // As for chat: a request the model refuses still gets its 4xx before the stream begins.
+    let first_event = rx.recv().await;
+    if let Some(Event::Failed(e)) = &first_event {
+        return error(&st, e);
+    }
+    let mut events = EventStream::new(meta);
+    let pending: VecDeque<(String, String)> = events.start().into();
+    let state = (st, rx, events, pending, first_event, false, guard);
+    let stream = futures_util::stream::unfold(state, move |mut s| async move {
+        let (st, rx, events, pending, first, done, _) = &mut s;
+        loop {
+            if let Some((kind, data)) = pending.pop_front() {
+                return Some((Ok::<_, Infallible>(SseEvent::default().event(kind).data(data)), s));
+            }
+            if *done {
+                return None;
+            }
+            let e = match first.take() {
+                Some(e) => Some(e),
+                None => rx.recv().await,
+            };
+            *done = !matches!(e, Some(Event::Delta(_)));
+            match e {
+                Some(Event::Delta(text)) => pending.extend(events.text(&text)),
+                Some(Event::Done(c)) => {
+                    st.metrics.served(started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
+                    st.metrics.responded(200);
+                    pending.extend(events.done(&c));
+                }
+                Some(Event::Failed(e)) => {
+                    st.metrics.responded(e.status);
+                    pending.push_back(events.failed(&e));
+                }
+                None => {
+                    pending.push_back(events.failed(&ApiError::new(500, "server_error", "the model thread stopped")))
+                }
+            }
+        }
+    });
+    Sse::new(stream).into_response()
 }
 
 /// A body past this many bytes is not even read to its end: the connection is dropped.

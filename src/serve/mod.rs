@@ -9,6 +9,7 @@
 
 pub mod api;
 mod http;
+mod responses;
 mod worker;
 
 use std::net::SocketAddr;
