@@ -246,6 +246,10 @@ pub struct TaskResult {
     /// The first decision's margins of ending the turn after each call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_margins: Vec<f32>,
+    /// The support from the request of the first call the model made (see
+    /// [`AgentConfig::min_support`](crate::agent::AgentConfig::min_support)), kept or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub support: Option<f32>,
     /// The grounding of the first call the model made (see [`crate::agent::grounding`]), kept or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<f32>,
@@ -521,6 +525,7 @@ fn invalid_task_result(task: &EvalTask, error: &str) -> TaskResult {
         correct: (task.expected.is_some() || task.expected_answer.is_some()).then_some(false),
         call_margin: None,
         stop_margins: Vec::new(),
+        support: None,
         grounding: None,
     }
 }
@@ -568,6 +573,7 @@ fn task_result(task: &EvalTask, t: &Transcript, specs: &[ToolSpec], dry_run: boo
         call_margin: first_margins.iter().find(|m| m.label == "call").map(|m| m.margin),
         stop_margins: first_margins.iter().filter(|m| m.label == "stop").map(|m| m.margin).collect(),
         grounding: t.steps.first().and_then(|s| s.grounding),
+        support: t.steps.first().and_then(|s| s.support),
     })
 }
 

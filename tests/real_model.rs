@@ -202,3 +202,43 @@ fn an_answer_in_the_models_own_words_is_streamed_as_it_is_generated() {
     assert_eq!(pieces.concat().trim(), answer);
     assert!(answer.contains("Paris"), "{answer}");
 }
+
+/// A first free call's support from the request is measured in the model's own scores and decides
+/// whether the call stands: with a threshold above any support the call is dropped for an answer (the
+/// event names the measure), with one below any it is made; the support is the same bits both times.
+#[test]
+fn a_first_call_the_request_does_not_support_becomes_an_answer() {
+    use reagent::agent::{Agent, AgentConfig, AgentEvent, DropMeasure, ModelDriver};
+    use reagent::tools::{builtin_tools, BuiltinOptions};
+    use std::sync::{Arc, Mutex};
+
+    let run = |threshold: f32| {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let mut config = AgentConfig::default().max_steps(2).answer_tokens(24).min_support(Some(threshold));
+        // The model is made to call: the branch's bias on the ReAct `type` far towards a call.
+        config.branch_biases.call = 30.0;
+        let mut agent = Agent::builder()
+            .driver(ModelDriver::constrained(smollm(), reagent::Sampling::Greedy, 0).unwrap())
+            .tools(builtin_tools(&BuiltinOptions::default()).unwrap())
+            .config(config)
+            .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+            .build()
+            .unwrap();
+        let t = agent.run("Tell me something nice about the weather in Paris").unwrap();
+        let dropped = events.lock().unwrap().iter().find_map(|e| match e {
+            AgentEvent::CallsDropped { grounding, threshold, measure, .. } => Some((*grounding, *threshold, *measure)),
+            _ => None,
+        });
+        (t, dropped)
+    };
+    let (kept, none) = run(-1000.0);
+    let support = kept.steps[0].support.expect("the first call's support is measured");
+    assert!(support.is_finite() && none.is_none(), "{support} {none:?}");
+    assert!(!kept.steps[0].calls.is_empty(), "{:?}", kept.steps[0]);
+
+    let (answered, dropped) = run(1000.0);
+    assert_eq!(dropped, Some((support, 1000.0, DropMeasure::Support)));
+    assert_eq!(answered.steps[0].support.map(f32::to_bits), Some(support.to_bits()));
+    assert!(answered.steps[0].calls.is_empty() && answered.final_answer.is_some(), "{:?}", answered.steps[0]);
+}

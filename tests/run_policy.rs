@@ -321,7 +321,7 @@ fn the_library_applies_the_catalogs_settings() {
     let run = build(None);
     assert_eq!(run.config().format, DecisionFormat::React);
     assert_eq!(run.config().decision.max_thought_chars, 0);
-    assert_eq!(run.config().abstain_below, Some(0.65));
+    assert_eq!((run.config().abstain_below, run.config().min_support), (None, Some(1.4)));
     assert_eq!(run.config().first_call, FirstCall::WhenNeeded);
     assert_eq!(run.config().max_steps, 5, "the builder's own settings are kept");
     let entry = Catalog::builtin().get("qwen2.5-coder-0.5b").cloned();

@@ -97,6 +97,16 @@ pub trait Driver: Send {
     fn call_margin(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<(f32, DecisionStats)>> {
         Ok(None)
     }
+    /// The log-probability of each token of `text` as the model's reply to `messages` (the tools
+    /// rendered as for a decision), unconstrained: `None` where the driver cannot score (the default).
+    fn score(
+        &mut self,
+        _messages: &[ChatMessage],
+        _tools: Option<&Value>,
+        _text: &str,
+    ) -> Result<Option<Vec<(String, f32)>>> {
+        Ok(None)
+    }
     /// Forgets the last decision's tokens (after a failed attempt), so the retry starts from its prompt.
     fn rollback(&mut self) {}
     /// The chat role observations are sent with: `tool` where the model's template has a tool turn
@@ -470,6 +480,41 @@ impl Driver for ModelDriver {
             ..DecisionStats::default()
         };
         Ok(Some(DriverOutput::new(g.text, complete, stats)))
+    }
+
+    fn score(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+        text: &str,
+    ) -> Result<Option<Vec<(String, f32)>>> {
+        let prompt = self.tokens(messages, tools)?;
+        let reply = self.model.tokenizer().encode(text, false)?;
+        if reply.is_empty() || prompt.len() + reply.len() >= self.model.context_length() {
+            return Ok(None);
+        }
+        // The prompt's last token is run again whatever the cache holds: its logits score the first token.
+        let (reused, _) = self.prepare_prefix(&prompt);
+        let from = reused.min(prompt.len() - 1);
+        self.cached.truncate(from);
+        self.model.truncate(from);
+        let Some(first) = crate::decode::generate::prefill(&mut self.model, &prompt[from..], from)? else {
+            return Ok(None);
+        };
+        let vocab = first.len();
+        let mut rows = first;
+        if reply.len() > 1 {
+            rows.extend(self.model.forward_all(&reply[..reply.len() - 1], prompt.len())?);
+        }
+        self.cached = prompt.iter().chain(&reply[..reply.len() - 1]).copied().collect();
+        let lp = |row: &[f32], t: u32| {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = row.iter().map(|&l| (l - max).exp()).sum();
+            row.get(t as usize).map_or(f32::NEG_INFINITY, |&l| l - max - sum.ln())
+        };
+        let tok = self.model.tokenizer();
+        let piece = |t: u32| tok.decode(&[t], false).unwrap_or_default();
+        Ok(Some(reply.iter().enumerate().map(|(i, &t)| (piece(t), lp(&rows[i * vocab..(i + 1) * vocab], t))).collect()))
     }
 
     fn call_margin(&mut self, req: &DecisionRequest<'_>) -> Result<Option<(f32, DecisionStats)>> {

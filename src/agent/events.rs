@@ -39,6 +39,17 @@ pub struct DecisionStats {
     pub branch_margins: Vec<crate::decode::constraint::BranchMargin>,
 }
 
+/// What dropped a first decision's calls ([`AgentEvent::CallsDropped`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropMeasure {
+    /// The share of the call's values that are words of the request.
+    #[default]
+    Grounding,
+    /// The call's support from the request, in nats.
+    Support,
+}
+
 impl DecisionStats {
     /// Adds the tokens and time of another generation made for the same decision (a re-decision, a
     /// proposed call); the prompt and margins stay this decision's.
@@ -128,13 +139,17 @@ pub enum AgentEvent {
         call: ToolCall,
         reason: String,
     },
-    /// The first decision's calls were dropped for an answer: their values were not the user's
-    /// ([`AgentConfig::abstain_below`](super::AgentConfig::abstain_below)).
+    /// The first decision's calls were dropped for an answer: `grounding`, the `measure` of the first
+    /// call, was below `threshold` (their values were not the user's words,
+    /// [`AgentConfig::abstain_below`](super::AgentConfig::abstain_below); or the request hardly made the
+    /// call more likely, [`AgentConfig::min_support`](super::AgentConfig::min_support)).
     CallsDropped {
         step: usize,
         calls: Vec<ToolCall>,
         grounding: f32,
         threshold: f32,
+        #[serde(default)]
+        measure: DropMeasure,
     },
     /// One more call was proposed after a decision's calls
     /// ([`AgentConfig::propose_more_calls`](super::AgentConfig::propose_more_calls)); `kept` when it passed
@@ -255,6 +270,10 @@ pub struct Step {
     /// model made, whether or not it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<f32>,
+    /// The first decision under `auto`: its first call's [support](super::AgentConfig::min_support) from
+    /// the request, where it was measured, whether or not the call was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub support: Option<f32>,
 }
 
 /// Totals over a run.

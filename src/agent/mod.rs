@@ -43,7 +43,9 @@ pub use crate::tools::ToolCall;
 pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
 pub use event_log::{read_trace, EventLog, RecordedRun, RecordedStep, TraceHeader, TRACE_VERSION};
-pub use events::{AgentEvent, CallRecord, DecisionStats, EventSink, RunStats, Step, StopReason, Transcript};
+pub use events::{
+    AgentEvent, CallRecord, DecisionStats, DropMeasure, EventSink, RunStats, Step, StopReason, Transcript,
+};
 pub use session::{read_session, Session, SessionTurn, SESSION_VERSION};
 
 use crate::decode::constraint::Grammar;
@@ -89,6 +91,14 @@ pub struct AgentConfig {
     /// again with calls ruled out. A small model calls the nearest tool even when none fits, with values
     /// it made up; this makes "no tool fits" a calibrated choice. `None`: calls are kept as decided.
     pub abstain_below: Option<f32>,
+    /// Under `auto`, a first decision whose first call's support from the request is below this becomes
+    /// an answer, as with [`abstain_below`](Self::abstain_below). The support is the model's own: how many
+    /// nats more likely the request made the call's least supported value (or, for a call without
+    /// values, its tool's name) than an empty request does. A value the user gave or implies gains
+    /// several; one made up because none was given (a ticker for "the stock I bought"), or a tool the
+    /// request does not call for, about none. Costs two scorings of the decision's text. Calibrated per
+    /// model in the catalog; `None`: not measured.
+    pub min_support: Option<f32>,
     /// Abstention keeps a call whose tool the user named ([`Evidence::names_tool`](grounding::Evidence::names_tool):
     /// a word of the request is a part of the tool's or a parameter's name): its values are derived from
     /// the request ("the weather in the capital of Japan"), not made up. Off in the single-decision
@@ -160,6 +170,7 @@ impl Default for AgentConfig {
             first_call: FirstCall::WhenNeeded,
             call_after_error: false,
             abstain_below: None,
+            min_support: None,
             keep_named_tool_calls: true,
             propose_more_calls: false,
             drop_unstated_options: false,
@@ -189,6 +200,7 @@ setters!(AgentConfig {
     first_call: FirstCall,
     call_after_error: bool,
     abstain_below: Option<f32>,
+    min_support: Option<f32>,
     keep_named_tool_calls: bool,
     propose_more_calls: bool,
     drop_unstated_options: bool,
@@ -264,6 +276,7 @@ impl AgentConfig {
             end_list: s.end_list_bias,
         };
         self.abstain_below = s.abstain_below.filter(|&g| g > 0.0);
+        self.min_support = s.min_support;
         if let Some(keep) = s.keep_named_tool_calls {
             self.keep_named_tool_calls = keep;
         }

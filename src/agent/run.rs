@@ -23,6 +23,7 @@ mod checks;
 mod context;
 mod extra_calls;
 mod needs;
+mod support;
 mod validate;
 
 use checks::{arithmetic_slips, copied_failure, Failure};
@@ -365,22 +366,25 @@ impl Agent {
                 },
                 _ => None,
             };
+        // The same choice from the model's scores: a call the request hardly made more likely.
+        let support = match (free_first && self.config.tool_choice == ToolChoice::Auto, self.config.min_support) {
+            (true, Some(_)) => self.first_call_support(messages, tools, &decided.decision, &decided.text)?,
+            _ => None,
+        };
         // A tool the user named is not a guess: its values are derived, not made up.
         let named = |call: &ToolCall| {
             self.executor.tools().get(&call.tool).is_some_and(|t| evidence.names_tool(&call.tool, &t.spec().parameters))
         };
         let named = self.config.keep_named_tool_calls && decided.decision.calls().first().is_some_and(named);
-        if let (Some(g), Some(threshold), false) = (grounding, self.config.abstain_below, named) {
-            if g < threshold {
-                let calls = decided.decision.calls();
-                self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold });
-                self.driver.rollback();
-                let raised = &mut run.pending_raised;
-                let checks = Checks { call_only: None, slips: None, failures: &run.failures, pending: None, raised };
-                match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
-                    Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
-                    Attempt::Stop(s) => return Ok(Some(s)),
-                }
+        if let Some((g, threshold, measure)) = support::dropped_by(&self.config, grounding, named, support) {
+            let calls = decided.decision.calls();
+            self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold, measure });
+            self.driver.rollback();
+            let raised = &mut run.pending_raised;
+            let checks = Checks { call_only: None, slips: None, failures: &run.failures, pending: None, raised };
+            match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
+                Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
+                Attempt::Stop(s) => return Ok(Some(s)),
             }
         }
         // After abstention, which looks at the first call only: a dropped decision needs no more calls.
@@ -419,6 +423,7 @@ impl Agent {
             retries,
             stats,
             grounding,
+            support,
         };
         if let Decision::FinalAnswer { answer, .. } = &decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
@@ -488,6 +493,7 @@ impl Agent {
             retries: 0,
             stats: DecisionStats::default(),
             grounding: None,
+            support: None,
         };
         if let Decision::FinalAnswer { answer, .. } = &rec.decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });

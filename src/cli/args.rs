@@ -327,6 +327,10 @@ pub(crate) struct DecisionArgs {
     /// first call's argument values are words of the user's messages (0 disables).
     #[arg(long)]
     pub(crate) abstain_below: Option<f32>,
+    /// Under `--tool-choice auto`, turn a first decision into an answer when its first call's support
+    /// from the request (in nats, from the model's own scores) is below this ("none" disables).
+    #[arg(long, allow_negative_numbers = true, value_name = "NATS|none")]
+    pub(crate) min_support: Option<String>,
     /// Abstention keeps a call whose tool the request names (a word of it is a part of the tool's or a
     /// parameter's name): its values are derived, not made up.
     #[arg(long, value_name = "yes|no")]
@@ -402,6 +406,14 @@ impl DecisionArgs {
             Some(g) => config.abstain_below = (g > 0.0).then_some(g),
             None => {}
         }
+        match self.min_support.as_deref() {
+            Some("none") => config.min_support = None,
+            Some(s) => match s.parse::<f32>() {
+                Ok(v) if v.is_finite() => config.min_support = Some(v),
+                _ => bail!("--min-support takes a number of nats or `none`, not `{s}`"),
+            },
+            None => {}
+        }
         let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
         config.keep_named_tool_calls = toggle(self.keep_named_tool_calls, config.keep_named_tool_calls);
         config.propose_more_calls = toggle(self.propose_more_calls, config.propose_more_calls);
@@ -433,6 +445,9 @@ pub(crate) fn describe_decisions(
         s += &format!(" ({syntax})");
     }
     s += &format!(", first call {}, abstain below {abstain}", config.first_call);
+    if let Some(m) = config.min_support {
+        s += &format!(", calls supported by at least {m} nats");
+    }
     if config.abstain_below.is_some() && config.keep_named_tool_calls {
         s += " (keeping calls of tools the request names)";
     }

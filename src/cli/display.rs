@@ -167,10 +167,15 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
             paint("33", format!("   ↻ {} again (retry {attempt}, after {wait_seconds:.1} s): {error}", call.tool))
         }
         ToolCallBlocked { call, reason, .. } => paint("33", format!("   ✗ {} blocked: {reason}", call.tool)),
-        CallsDropped { calls, grounding, .. } => {
+        CallsDropped { calls, grounding, threshold, measure, .. } => {
             let names: Vec<&str> = calls.iter().map(|c| c.tool.as_str()).collect();
-            let share = (grounding * 100.0).round();
-            paint("33", format!("   ✗ {} dropped: {share}% of its values are the user's words", names.join(", ")))
+            let why = match measure {
+                reagent::agent::DropMeasure::Grounding => {
+                    format!("{}% of its values are the user's words", (grounding * 100.0).round())
+                }
+                _ => format!("the request supports it by {grounding:.1} nats (under {threshold})"),
+            };
+            paint("33", format!("   ✗ {} dropped: {why}", names.join(", ")))
         }
         CallProposed { call, kept, .. } => {
             let verdict = if *kept { "kept" } else { "left out: not a new item of the request" };

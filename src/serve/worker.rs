@@ -394,6 +394,14 @@ impl Driver for Shared {
     ) -> crate::error::Result<Option<(f32, crate::agent::DecisionStats)>> {
         lock(&self.0).call_margin(req)
     }
+    fn score(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&Value>,
+        text: &str,
+    ) -> crate::error::Result<Option<Vec<(String, f32)>>> {
+        lock(&self.0).score(messages, tools, text)
+    }
     fn rollback(&mut self) {
         lock(&self.0).rollback()
     }

@@ -23,8 +23,9 @@ pub(super) fn touched(path: &str, done: &[Done]) -> bool {
 }
 
 /// A bounded look at what is under a root: the regular files' and directories' paths relative to it
-/// (directories with `.` first), hidden entries (a component starting with `.`) and symbolic links left
-/// out. `None` when the tree is bigger than the bound (depth 4, 1,000 entries) or cannot be read.
+/// (directories with `.` first), hidden entries (a component starting with `.`), symbolic links and
+/// cache directories (tagged by a `CACHEDIR.TAG` file, as cargo's `target/` is) left out. `None` when
+/// the tree is bigger than the bound (depth 4, 1,000 entries) or cannot be read.
 pub(super) struct Tree {
     pub(super) files: Vec<String>,
     pub(super) dirs: Vec<String>,
@@ -51,6 +52,9 @@ impl Tree {
                 let Ok(t) = e.file_type() else { continue };
                 let Ok(rel) = e.path().strip_prefix(root).map(shown) else { continue };
                 if t.is_dir() {
+                    if e.path().join("CACHEDIR.TAG").is_file() {
+                        continue;
+                    }
                     dirs.push(rel);
                     if depth + 1 < Self::MAX_DEPTH {
                         stack.push((e.path(), depth + 1));
@@ -176,4 +180,27 @@ pub(super) fn unescaped(root: &Path, rel: &str) -> PathBuf {
     }
     #[cfg(not(unix))]
     plain
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tree;
+
+    #[test]
+    fn cache_directories_are_not_part_of_the_tree() {
+        let root = tempfile::tempdir().unwrap();
+        let p = root.path();
+        std::fs::create_dir_all(p.join("src")).unwrap();
+        std::fs::write(p.join("src/main.rs"), "").unwrap();
+        std::fs::create_dir_all(p.join("target/release")).unwrap();
+        std::fs::write(p.join("target/CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55").unwrap();
+        for i in 0..1200 {
+            std::fs::write(p.join(format!("target/release/{i}.o")), "").unwrap();
+        }
+        let tree = Tree::walk(p).expect("the cache's 1,200 files are not counted");
+        assert_eq!(
+            (tree.files, tree.dirs),
+            (vec!["src/main.rs".to_string()], vec![".".to_string(), "src".to_string()])
+        );
+    }
 }

@@ -1,0 +1,174 @@
+//! A call's support from the request, in the model's own scores: how much more likely the request made
+//! the call than an empty request does ([`AgentConfig::min_support`](crate::agent::AgentConfig)).
+//!
+//! The decision's text is scored twice, token by token, unconstrained: after the conversation as it is,
+//! and after the same conversation with the last user message emptied. A token's support is the
+//! difference of its two log-probabilities (its pointwise mutual information with the request). A value
+//! the request gave or implies ("Paris", "MSFT" for "the company behind Windows") gains several nats
+//! from it; a value made up because none was given ("AAPL" for "the stock I bought", `notes.txt` for any
+//! question about files) is about as likely without the request. A value's support is the sum over its
+//! tokens (the log-ratio of the whole value's probabilities: `src/catalog.rs` for "the capital of
+//! France" gains at `src` what it loses at `catalog.rs`); a call's is that of its least supported value,
+//! or, for a call without values, that of its tool's name. `REAGENT_DEBUG_SUPPORT=1` prints each token's
+//! support to stderr, for calibrating a model.
+
+use crate::agent::decision::Decision;
+use crate::agent::{AgentConfig, DropMeasure};
+use crate::text::chat::{ChatMessage, Role};
+use crate::tools::ToolCall;
+
+use super::super::Agent;
+use crate::error::Result;
+
+/// What drops a first call, if anything: its word grounding under `abstain_below` (unless the request
+/// names its tool), else its support under `min_support`; with the measure and the threshold.
+pub(super) fn dropped_by(
+    config: &AgentConfig,
+    grounding: Option<f32>,
+    named: bool,
+    support: Option<f32>,
+) -> Option<(f32, f32, DropMeasure)> {
+    let below = |measure: Option<f32>, threshold: Option<f32>| match (measure, threshold) {
+        (Some(m), Some(t)) if m < t => Some((m, t)),
+        _ => None,
+    };
+    below(grounding, config.abstain_below.filter(|_| !named))
+        .map(|(m, t)| (m, t, DropMeasure::Grounding))
+        .or_else(|| below(support, config.min_support).map(|(m, t)| (m, t, DropMeasure::Support)))
+}
+
+/// The conversation without the request: the last user message emptied.
+pub(super) fn without_request(messages: &[ChatMessage]) -> Vec<ChatMessage> {
+    let mut neutral = messages.to_vec();
+    if let Some(m) = neutral.iter_mut().rev().find(|m| m.role == Role::User) {
+        m.content.clear();
+    }
+    neutral
+}
+
+/// `call`'s support in `text` (the decision that made it), from each token's text and its
+/// log-probabilities with and without the request; `None` when the call is not found in the text.
+pub(crate) fn support(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Option<f32> {
+    let mut starts = Vec::with_capacity(tokens.len());
+    let mut joined = String::new();
+    for (piece, ..) in tokens {
+        starts.push(joined.len());
+        joined.push_str(piece);
+    }
+    // The tokens' text is the decision's text where the tokenizer round-trips; elsewhere nothing is said.
+    if joined != text {
+        return None;
+    }
+    // The summed support of the tokens overlapping `from..to`; `None` where there are none.
+    let span = |from: usize, to: usize| {
+        tokens
+            .iter()
+            .zip(&starts)
+            .filter(|((p, ..), &s)| s < to && s + p.len() > from)
+            .map(|((_, with, without), _)| with - without)
+            .fold(None, |sum: Option<f32>, d| Some(sum.unwrap_or(0.0) + d))
+    };
+    let name = text.find(&format!("\"{}\"", call.tool)).map(|i| i + 1)?;
+    let at = name + call.tool.len();
+    let mut values = Vec::new();
+    leaves(&call.args, &mut values);
+    if values.is_empty() {
+        return span(name, at);
+    }
+    let mut least: Option<f32> = None;
+    for v in values {
+        // A string is found with its quotes (not inside a longer one), its support read inside them.
+        let (needle, inner) = match serde_json::from_str::<String>(&v) {
+            Ok(_) => (v.as_str(), 1..v.len() - 1),
+            Err(_) => (v.as_str(), 0..v.len()),
+        };
+        let Some(i) = text[at..].find(needle).map(|i| i + at) else { continue };
+        if let Some(s) = span(i + inner.start, i + inner.end) {
+            least = Some(least.map_or(s, |l| l.min(s)));
+        }
+    }
+    least
+}
+
+/// The non-empty leaf values of `v` as JSON text (strings with their quotes).
+fn leaves(v: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(o) => o.values().for_each(|x| leaves(x, out)),
+        Value::Array(a) => a.iter().for_each(|x| leaves(x, out)),
+        Value::String(s) if s.is_empty() => {}
+        Value::String(_) => out.push(v.to_string()),
+        Value::Null => {}
+        other => out.push(other.to_string()),
+    }
+}
+
+impl Agent {
+    /// The support of `decision`'s first call from the request (see the module), or `None` where the
+    /// driver cannot score or the call is not found in `text`.
+    pub(super) fn first_call_support(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        decision: &Decision,
+        text: &str,
+    ) -> Result<Option<f32>> {
+        let Some(call) = decision.calls().into_iter().next() else { return Ok(None) };
+        let Some(with) = self.driver.score(messages, tools, text)? else { return Ok(None) };
+        let Some(without) = self.driver.score(&without_request(messages), tools, text)? else { return Ok(None) };
+        let tokens: Vec<(String, f32, f32)> = with.into_iter().zip(without).map(|((p, a), (_, b))| (p, a, b)).collect();
+        if std::env::var_os("REAGENT_DEBUG_SUPPORT").is_some() {
+            let shown: Vec<String> = tokens.iter().map(|(p, a, b)| format!("{p:?}:{:+.1}", a - b)).collect();
+            eprintln!("[support] {}", shown.join(" "));
+        }
+        Ok(support(&tokens, text, &call))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Tokens of `text` split at `|`, each with its support as the difference of its two scores.
+    fn tokens(text: &str, support: &[f32]) -> (Vec<(String, f32, f32)>, String) {
+        let pieces: Vec<&str> = text.split('|').collect();
+        assert_eq!(pieces.len(), support.len());
+        let t = pieces.iter().zip(support).map(|(p, &s)| (p.to_string(), s - 3.0, -3.0)).collect();
+        (t, pieces.concat())
+    }
+
+    #[test]
+    fn a_call_is_as_supported_as_its_least_supported_value() {
+        let (t, text) = tokens(
+            r#"{"tool": "|get|_weather|", "args": {"city": "|Par|is|", "days": |3|}}"#,
+            &[0.0, 2.0, 0.0, 0.0, 6.5, -0.25, 0.0, 0.5, 0.0],
+        );
+        let call = ToolCall::new("get_weather", json!({"city": "Paris", "days": 3}));
+        // Paris: the sum of its tokens, 6.25; 3: 0.5.
+        assert_eq!(support(&t, &text, &call), Some(0.5));
+        let call = ToolCall::new("get_weather", json!({"city": "Paris"}));
+        assert_eq!(support(&t, &text, &call), Some(6.25));
+    }
+
+    #[test]
+    fn a_call_without_values_is_as_supported_as_its_tools_name() {
+        let (t, text) = tokens(r#"{"tool": "|current|_time|", "args": {}}"#, &[0.0, 1.25, 0.25, 0.0]);
+        assert_eq!(support(&t, &text, &ToolCall::new("current_time", json!({}))), Some(1.5));
+    }
+
+    #[test]
+    fn tokens_that_are_not_the_text_say_nothing() {
+        let (t, _) = tokens(r#"{"tool": "|current|_time|"}"#, &[0.0, 1.0, 0.0, 0.0]);
+        assert_eq!(support(&t, "other", &ToolCall::new("current_time", json!({}))), None);
+        let (t, text) = tokens(r#"{"tool": "|x|"}"#, &[0.0, 1.0, 0.0]);
+        assert_eq!(support(&t, &text, &ToolCall::new("current_time", json!({}))), None);
+    }
+
+    #[test]
+    fn the_request_is_emptied_and_nothing_else() {
+        let m = vec![ChatMessage::system("s"), ChatMessage::user("first"), ChatMessage::user("weather in Paris")];
+        let n = without_request(&m);
+        assert_eq!((n[0].content.as_str(), n[1].content.as_str(), n[2].content.as_str()), ("s", "first", ""));
+    }
+}
