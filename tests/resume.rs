@@ -239,3 +239,45 @@ fn a_traces_records_get_their_outputs_back_from_its_events() {
         assert_eq!(record.observation.is_some(), step.observation.is_some());
     }
 }
+
+/// An edited trace is refused, naming the line and what differs: a tool's output changed in its event
+/// line, lines of two steps swapped, a step's record moved under another decision. The trace as written
+/// reads back whole.
+#[test]
+fn an_edited_trace_is_refused_naming_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    let log = EventLog::create(&path).unwrap();
+    agent(0, Arc::default(), Some(log)).run(TASK).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(read_trace(&path).unwrap().steps.len(), 5);
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let kind = |l: &str| serde_json::from_str::<Value>(l).unwrap()["event"].as_str().unwrap_or("").to_string();
+    let refused = |lines: &[String]| {
+        let edited = dir.path().join("edited.jsonl");
+        std::fs::write(&edited, lines.join("\n") + "\n").unwrap();
+        read_trace(&edited).unwrap_err().to_string()
+    };
+
+    // The read's output, changed where its event carries it.
+    let at = lines.iter().position(|l| kind(l) == "tool_call_completed" && l.contains("alpha content")).unwrap();
+    let mut edited = lines.clone();
+    edited[at] = edited[at].replace("alpha content", "beta content");
+    let err = refused(&edited);
+    assert!(err.contains("the output of `read` is not the one its record was written with"), "{err}");
+
+    // The decisions of steps 2 and 3 swapped.
+    let decisions: Vec<usize> = (0..lines.len()).filter(|&i| kind(&lines[i]) == "decision_extracted").collect();
+    let mut edited = lines.clone();
+    edited.swap(decisions[1], decisions[2]);
+    let err = refused(&edited);
+    assert!(err.contains("out of order"), "{err}");
+
+    // Step 1's record after step 2's decision.
+    let records: Vec<usize> = (0..lines.len()).filter(|&i| kind(&lines[i]) == "step_completed").collect();
+    let mut edited = lines.clone();
+    let first = edited.remove(records[0]);
+    edited.insert(decisions[1], first);
+    let err = refused(&edited);
+    assert!(err.contains("line") && err.contains("record is not of the decision before it"), "{err}");
+}

@@ -219,7 +219,10 @@ pub fn read_trace(path: &Path) -> Result<RecordedRun> {
             .filter(|l| l.ends_with('\n'))
             .and_then(|l| serde_json::from_str::<serde_json::Value>(l.trim_end()).ok());
         let used = match &value {
-            Some(v) => take_line(&mut run, v),
+            Some(v) => take_line(&mut run, v).map_err(|problem| Error::InputFile {
+                path: path.to_path_buf(),
+                problem: format!("line {}: {problem}; not resumed from an edited trace", i + 1),
+            })?,
             None => false,
         };
         if !used {
@@ -236,27 +239,32 @@ pub fn read_trace(path: &Path) -> Result<RecordedRun> {
     Ok(run)
 }
 
-/// Takes one trace line into `run`; false when it is not a line of a run's trace.
-fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
+/// Takes one trace line into `run`; false when it is not a line of a run's trace, an error naming what
+/// differs when it contradicts the lines before it (lines out of order, a record of another decision, an
+/// output that is not the one its step recorded).
+fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> std::result::Result<bool, String> {
     use super::events::AgentEvent as E;
     if let Some(h) = value.get("trace") {
-        let Ok(h) = serde_json::from_value(h.clone()) else { return false };
+        let Ok(h) = serde_json::from_value(h.clone()) else { return Ok(false) };
         run.header = Some(h);
-        return true;
+        return Ok(true);
     }
     if value.get("transcript").is_some() {
         run.finished = true;
-        return true;
+        return Ok(true);
     }
     // The events a resume reads; others say nothing it needs (and may come from a newer build).
     const READ: [&str; 4] = ["decision_extracted", "tool_call_started", "tool_call_completed", "step_completed"];
-    let Some(kind) = value.get("event").and_then(|e| e.as_str()) else { return false };
+    let Some(kind) = value.get("event").and_then(|e| e.as_str()) else { return Ok(false) };
     if !READ.contains(&kind) {
-        return true;
+        return Ok(true);
     }
-    let Ok(event) = serde_json::from_value::<E>(value.clone()) else { return false };
+    let Ok(event) = serde_json::from_value::<E>(value.clone()) else { return Ok(false) };
     match event {
-        E::DecisionExtracted { decision, text, .. } => {
+        E::DecisionExtracted { step, decision, text, .. } => {
+            if step != run.steps.len() + 1 {
+                return Err(format!("step {step}'s decision follows step {}'s: lines out of order", run.steps.len()));
+            }
             run.steps.push(RecordedStep { decision, text, record: None, started: Vec::new() })
         }
         E::ToolCallStarted { call, .. } => {
@@ -271,8 +279,14 @@ fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
                 *o = Some(outcome);
             }
         }
-        E::StepCompleted { mut record, .. } => {
-            let Some((s, earlier)) = run.steps.split_last_mut() else { return true };
+        E::StepCompleted { step, mut record } => {
+            let Some((s, earlier)) = run.steps.split_last_mut() else { return Ok(true) };
+            if step != earlier.len() + 1 || record.decision != s.decision {
+                return Err(format!(
+                    "step {step}'s record is not of the decision before it (step {})",
+                    earlier.len() + 1
+                ));
+            }
             // The outputs the record leaves out: those of the step's completed calls, in order; a refused
             // repeat's, the latest equal call's result. An empty output that no event carried was empty.
             let mut completed = s.started.iter().filter_map(|(c, o)| Some((c, o.as_ref()?)));
@@ -297,9 +311,22 @@ fn take_line(run: &mut RecordedRun, value: &serde_json::Value) -> bool {
                     _ => {}
                 }
             }
+            // The outputs filled in are the ones the record was written with.
+            let raw = value.get("record").and_then(|r| r.get("calls")).and_then(|c| c.as_array());
+            for (rec, raw) in record.calls.iter().zip(raw.into_iter().flatten()) {
+                let digest = raw.get("outcome").and_then(|o| o.get("output_digest")).and_then(|d| d.as_str());
+                // A completed call's, which its own event line carried (a repeat's is rebuilt from earlier lines).
+                let CallOutcome::Ok { output } = &rec.outcome else { continue };
+                if digest.is_some_and(|d| d != super::events::output_digest(output)) {
+                    return Err(format!(
+                        "step {step}: the output of `{}` is not the one its record was written with",
+                        rec.call.tool
+                    ));
+                }
+            }
             s.record = Some(record);
         }
         _ => {}
     }
-    true
+    Ok(true)
 }

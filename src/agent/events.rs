@@ -310,18 +310,27 @@ pub struct Transcript {
 
 /// A step record as [`AgentEvent::StepCompleted`] writes it: without the outputs its calls'
 /// `tool_call_completed` events carry, and without the observation text.
+/// The digest a compact step record keeps of each output it leaves out: 16 hex digits of its SHA-256.
+pub(crate) fn output_digest(output: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(output.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 mod compact_record {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use serde_json::Value;
 
-    use super::Step;
+    use super::{output_digest, Step};
 
     pub(super) fn serialize<S: Serializer>(step: &Step, s: S) -> Result<S::Ok, S::Error> {
         let mut v = serde_json::to_value(step).map_err(serde::ser::Error::custom)?;
         for call in v.get_mut("calls").and_then(Value::as_array_mut).into_iter().flatten() {
             let outcome = call.get_mut("outcome").and_then(Value::as_object_mut);
             if let Some(o) = outcome.filter(|o| output_left_out(o)) {
-                o.remove("output");
+                // What it was, so that an output edited in its event line is found when read back.
+                if let Some(Value::String(out)) = o.remove("output") {
+                    o.insert("output_digest".into(), Value::String(output_digest(&out)));
+                }
             }
         }
         if let Some(o) = v.as_object_mut() {
@@ -347,6 +356,7 @@ mod compact_record {
         for call in v.get_mut("calls").and_then(Value::as_array_mut).into_iter().flatten() {
             let outcome = call.get_mut("outcome").and_then(Value::as_object_mut);
             if let Some(o) = outcome.filter(|o| output_left_out(o)) {
+                o.remove("output_digest");
                 o.entry("output").or_insert_with(|| Value::String(String::new()));
             }
         }
