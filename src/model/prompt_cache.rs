@@ -417,4 +417,39 @@ mod tests {
         assert!(a.exists() && third.exists() && !b.exists());
         assert_eq!(list(dir.path()).len(), 2);
     }
+
+    /// The cache shared by processes: two stores of the same entry at once leave one whole entry; an
+    /// entry of another model renamed into this model's name is never loaded; an entry removed between
+    /// its lookup and its load is an error to the caller (who computes instead), not a panic; a folder
+    /// that cannot be written to fails the store alone.
+    #[test]
+    fn a_shared_folder_never_gives_a_wrong_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u32> = (0..64).collect();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| cache(dir.path(), "m").store(&tokens, &prefix(64)).unwrap());
+            }
+        });
+        let c = cache(dir.path(), "m");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "one entry, no temporary files left");
+        assert_eq!(c.load(&c.lookup(&tokens, 0).unwrap()).unwrap(), prefix(64));
+
+        // Another model's entry under this model's file name: its header says whose it is.
+        let other = cache(dir.path(), "other").store(&[7; 64], &prefix(64)).unwrap();
+        let renamed = dir.path().join(format!("m-{}", "0".repeat(16)) + ".kv");
+        std::fs::rename(&other, &renamed).unwrap();
+        assert!(c.lookup(&[7; 64], 0).is_none());
+
+        // Evicted by another process after the lookup.
+        let hit = c.lookup(&tokens, 0).unwrap();
+        std::fs::remove_file(&hit.path).unwrap();
+        assert!(c.load(&hit).is_err());
+
+        // A folder that cannot be made (a file stands in its place).
+        let blocked = dir.path().join("file");
+        std::fs::write(&blocked, "x").unwrap();
+        assert!(cache(&blocked.join("prompts"), "m").store(&tokens, &prefix(64)).is_err());
+        assert!(cache(&blocked.join("prompts"), "m").lookup(&tokens, 0).is_none());
+    }
 }
