@@ -170,18 +170,10 @@ async fn responses(State(st): State<Shared>, headers: HeaderMap, body: Body) -> 
         ResponseMeta { id: responses::new_id("resp"), created: now_secs(), model: st.opts.model_name.clone(), echo };
     if !stream {
         let _guard = guard;
-        loop {
-            match rx.recv().await {
-                Some(Event::Delta(_)) => continue,
-                Some(Event::Failed(e)) => return error(&st, &e),
-                None => return error(&st, &ApiError::new(500, "server_error", "the model thread stopped")),
-                Some(Event::Done(c)) => {
-                    st.metrics.served(started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
-                    st.metrics.responded(200);
-                    return Json(responses::whole(&meta, &c)).into_response();
-                }
-            }
-        }
+        return match completion(&st, &mut rx, started).await {
+            Ok(c) => Json(responses::whole(&meta, &c)).into_response(),
+            Err(r) => r,
+        };
     }
     // As for chat: a request the model refuses still gets its 4xx before the stream begins.
     let first_event = rx.recv().await;
@@ -286,32 +278,46 @@ fn tool_calls(calls: &[ToolCall], with_index: bool) -> Vec<Value> {
         .collect()
 }
 
-async fn whole(st: Shared, mut rx: UnboundedReceiver<Event>, meta: Meta, _guard: CancelOnDrop) -> Response {
+/// The finished request of a response that is not streamed (its text deltas passed over), counted in the
+/// metrics; or the error response.
+async fn completion(
+    st: &AppState,
+    rx: &mut UnboundedReceiver<Event>,
+    started: Instant,
+) -> Result<Completion, Response> {
     loop {
         match rx.recv().await {
             Some(Event::Delta(_)) => continue,
-            Some(Event::Failed(e)) => return error(&st, &e),
-            None => return error(&st, &ApiError::new(500, "server_error", "the model thread stopped")),
+            Some(Event::Failed(e)) => return Err(error(st, &e)),
+            None => return Err(error(st, &ApiError::new(500, "server_error", "the model thread stopped"))),
             Some(Event::Done(c)) => {
-                st.metrics.served(meta.started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
+                st.metrics.served(started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
                 st.metrics.responded(200);
-                let mut message = json!({"role": "assistant", "content": c.content, "refusal": null});
-                if let Some(r) = &c.reasoning {
-                    message["reasoning_content"] = json!(r);
-                }
-                if !c.calls.is_empty() {
-                    message["tool_calls"] = json!(tool_calls(&c.calls, false));
-                }
-                return Json(json!({
-                    "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
-                    "system_fingerprint": null,
-                    "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": c.finish_reason}],
-                    "usage": usage(&c),
-                }))
-                .into_response();
+                return Ok(c);
             }
         }
     }
+}
+
+async fn whole(st: Shared, mut rx: UnboundedReceiver<Event>, meta: Meta, _guard: CancelOnDrop) -> Response {
+    let c = match completion(&st, &mut rx, meta.started).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let mut message = json!({"role": "assistant", "content": c.content, "refusal": null});
+    if let Some(r) = &c.reasoning {
+        message["reasoning_content"] = json!(r);
+    }
+    if !c.calls.is_empty() {
+        message["tool_calls"] = json!(tool_calls(&c.calls, false));
+    }
+    Json(json!({
+        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+        "system_fingerprint": null,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": c.finish_reason}],
+        "usage": usage(&c),
+    }))
+    .into_response()
 }
 
 /// The stream's state: the worker's events, and SSE events made from one not yet sent.

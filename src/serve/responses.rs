@@ -58,11 +58,9 @@ pub(crate) fn parse_responses(body: &[u8], limits: &Limits) -> Res<(ChatRequest,
         None => return Err(ApiError::bad("input", "is required")),
     }
     chat.insert("messages".into(), Value::Array(messages));
+    // Their number is checked with the chat request's.
     let tools = match o.get("tools") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.len() > limits.max_tools => {
-            return Err(ApiError::bad("tools", format!("{} tools; at most {}", a.len(), limits.max_tools)))
-        }
         Some(Value::Array(a)) => a.iter().enumerate().map(|(i, t)| tool(i, t)).collect::<Res<Vec<_>>>()?,
         Some(_) => return Err(ApiError::bad("tools", "must be an array of tools")),
     };
@@ -477,6 +475,9 @@ mod tests {
             let e = parse(body.clone()).unwrap_err();
             assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
         }
+        let many: Vec<Value> = (0..200).map(|i| json!({"type": "function", "name": format!("t{i}")})).collect();
+        let e = parse(json!({"input": "hi", "tools": many})).unwrap_err();
+        assert_eq!((e.param.as_deref(), e.message.as_str()), (Some("tools"), "200 tools; at most 128"));
     }
 
     fn completion(content: Option<&str>, calls: usize, finish: &'static str) -> Completion {
