@@ -462,3 +462,34 @@ pub fn observation_text(v: &Value) -> String {
         other => other.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_path_parameter_is_needed_for_a_named_path_that_exists() {
+        let spec = ToolSpec::new(
+            "server.read_text_file",
+            "Read a file",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        )
+        .unwrap();
+        let need = |request: &str| Need::of_path_parameter(&spec, request, &[]);
+        // Relative to the working directory (the crate's root under `cargo test`), as a server started
+        // from here resolves it, or absolute.
+        let found = need("How many lines does Cargo.toml have?").expect("a need");
+        assert_eq!((found.reason.as_str(), found.at), ("the request names `Cargo.toml`", 20));
+        assert_eq!(found.calls, vec![spec.clone()]);
+        let abs = std::env::current_dir().unwrap().join("Cargo.toml");
+        assert!(need(&format!("Read {}.", abs.display())).is_some());
+        // A file-shaped word naming nothing here forces nothing; nor does one after a call ran.
+        assert_eq!(need("What is a package.json file for?"), None);
+        let call = ToolCall::new("server.read_text_file", json!({"path": "Cargo.toml"}));
+        assert_eq!(Need::of_path_parameter(&spec, "Read Cargo.toml", &[Done::new(&call, "[package]")]), None);
+        // A tool without a path parameter is not needed for a path.
+        let other = ToolSpec::new("echo", "", json!({"type": "object", "properties": {"message": {}}})).unwrap();
+        assert_eq!(Need::of_path_parameter(&other, "Read Cargo.toml", &[]), None);
+    }
+}

@@ -93,14 +93,12 @@ fn is_path_shaped(w: &str) -> bool {
             || ext.is_some_and(|(stem, ext)| !stem.is_empty() && TEXT.contains(&ext.as_str())))
 }
 
-/// The first word of `request` that is an absolute path to something that exists, with where it starts:
-/// a tool that takes a path is then needed ([`Tool::needed_for`] of tools outside the built-ins, an MCP
+/// The first word of `request` that is a path to something that exists, absolute or from the working
+/// directory (where a server started by this process resolves a relative path), with where it starts: a
+/// tool that takes a path is then needed ([`Tool::needed_for`] of tools outside the built-ins, an MCP
 /// server's file tools).
 pub(crate) fn existing_path_in(request: &str) -> Option<(usize, &str)> {
-    path_words(request).into_iter().find(|(_, w)| {
-        let p = Path::new(w);
-        is_path_shaped(w) && p.is_absolute() && p.exists()
-    })
+    path_words(request).into_iter().find(|(_, w)| is_path_shaped(w) && Path::new(w).exists())
 }
 
 /// What a word of a request names.
