@@ -265,8 +265,19 @@ fn long_request(stream: bool) -> String {
 /// model thread is then busy with it). With no queue, a request that comes just before the model thread
 /// is back waiting for work is refused (429): it is then sent again.
 fn start_stream(addr: SocketAddr) -> TcpStream {
+    start_stream_with(addr, None)
+}
+
+/// [`start_stream`] on a socket with this receive buffer size (a small one: the kernel does not take a
+/// client's whole answer for it).
+fn start_stream_with(addr: SocketAddr, receive_buffer: Option<usize>) -> TcpStream {
     for _ in 0..100 {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        if let Some(size) = receive_buffer {
+            sock.set_recv_buffer_size(size).unwrap();
+        }
+        sock.connect(&addr.into()).unwrap();
+        let mut s: TcpStream = sock.into();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         let body = long_request(true);
         let head = format!(
@@ -579,4 +590,81 @@ fn the_responses_api_answers_streams_and_calls() {
         let e: Value = serde_json::from_str(&text).unwrap();
         assert_eq!((status, e["error"]["param"].as_str()), (400, Some(param)), "{text}");
     }
+}
+
+/// Reads until the peer closes or `limit` passes: what arrived, and whether it closed.
+fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (String, bool) {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // A reset is a close too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    (String::from_utf8_lossy(&raw).into_owned(), closed)
+}
+
+#[test]
+fn slow_idle_and_stalled_clients_are_let_go_and_the_server_serves_on() {
+    let timeout = Duration::from_millis(250);
+    let limits = reagent::serve::Limits::default().client_timeout(timeout).max_connections(32);
+    let s = server(ServeOptions::default().queue(0).limits(limits));
+    let a = s.addr();
+    let health = || http(a, "GET", "/health", b"", &[]).0;
+
+    // A head trickled and never finished: the connection is closed after the timeout.
+    let mut c = TcpStream::connect(a).unwrap();
+    c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHo").unwrap();
+    let (_, closed) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(closed, "a trickled head kept its connection");
+
+    // A body that stops coming: 408 naming the wait, then closed.
+    let mut c = TcpStream::connect(a).unwrap();
+    c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"messa").unwrap();
+    let (reply, closed) = read_until_closed(&mut c, Duration::from_secs(20));
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("the body did not arrive within 0.25 s"), "{reply}");
+    assert!(closed);
+
+    // Twice as many idle connections as may be open: all are closed after the timeout, and /health
+    // answers meanwhile (as soon as a slot frees).
+    let mut idle: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(a).unwrap()).collect();
+    assert_eq!(health(), 200);
+    for c in &mut idle {
+        let (_, closed) = read_until_closed(c, Duration::from_secs(20));
+        assert!(closed, "an idle connection was kept");
+    }
+
+    // How long the long generation takes for a client that reads it.
+    let whole = loop {
+        let t = std::time::Instant::now();
+        match http(a, "POST", "/v1/chat/completions", long_request(false).as_bytes(), &[]) {
+            (429, _) => std::thread::sleep(Duration::from_millis(20)),
+            (status, _) => {
+                assert_eq!(status, 200);
+                break t.elapsed();
+            }
+        }
+    };
+    // A client that asks for it streamed, takes its first chunk and reads no more: the server stops
+    // writing after the timeout, and the model is free long before the generation would have ended.
+    let stalled = start_stream_with(a, Some(4096));
+    let sent = std::time::Instant::now();
+    let small = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    loop {
+        match http(a, "POST", "/v1/chat/completions", small.as_bytes(), &[]).0 {
+            200 => break,
+            status => assert_eq!(status, 429),
+        }
+        assert!(sent.elapsed() < whole * 3, "the model stayed busy for a client that stopped reading");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(sent.elapsed() < whole, "freed after {:?}; the whole generation takes {whole:?}", sent.elapsed());
+    drop(stalled);
+    assert_eq!(health(), 200);
 }

@@ -68,6 +68,13 @@ pub(crate) struct ServeArgs {
     /// Most tools one request may carry.
     #[arg(long, default_value_t = 128)]
     pub(crate) max_tools: usize,
+    /// Seconds a client may take to send a request's head or body, or to take the next part of an
+    /// answer, and that an idle connection stays open.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS", help_heading = ADVANCED)]
+    pub(crate) client_timeout: f64,
+    /// Connections open at once; more wait to be accepted.
+    #[arg(long, default_value_t = 512, help_heading = ADVANCED)]
+    pub(crate) max_connections: usize,
     /// Make tool calls with the single-decision settings (BFCL-shaped requests) instead of a run's.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) single_decision: bool,

@@ -96,7 +96,17 @@ pub(super) fn serve(a: ServeArgs) -> Result<()> {
         // A client's instructions and tools, the same request after request and run after run, load.
         driver = driver.with_prompt_cache(reagent::model::prompt_cache::PromptCache::default_dir());
     }
-    let limits = Limits::default().max_body_bytes(a.max_body_mib << 20).max_tools(a.max_tools);
+    if !(a.client_timeout > 0.0 && a.client_timeout <= 86_400.0) {
+        bail!("--client-timeout: give a number of seconds above 0, at most a day");
+    }
+    if a.max_connections == 0 {
+        bail!("--max-connections: at least 1");
+    }
+    let limits = Limits::default()
+        .max_body_bytes(a.max_body_mib << 20)
+        .max_tools(a.max_tools)
+        .client_timeout(std::time::Duration::from_secs_f64(a.client_timeout))
+        .max_connections(a.max_connections);
     let profile =
         if a.single_decision { reagent::catalog::Profile::SingleDecision } else { reagent::catalog::Profile::Run };
     let opts = ServeOptions::default()

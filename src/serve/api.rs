@@ -13,15 +13,35 @@ pub struct Limits {
     pub max_tools: usize,
     pub max_messages: usize,
     pub max_stops: usize,
+    /// How long a client may take to send a request's head, to send its body, or to take the next part
+    /// of a response, and how long a kept-alive connection may stay idle. Past it the connection is
+    /// closed (a body's sender is answered 408 first); a response it stopped taking is cancelled.
+    pub client_timeout: std::time::Duration,
+    /// Connections open at once; more wait to be accepted until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_body_bytes: 4 << 20, max_tools: 128, max_messages: 1024, max_stops: 4 }
+        Self {
+            max_body_bytes: 4 << 20,
+            max_tools: 128,
+            max_messages: 1024,
+            max_stops: 4,
+            client_timeout: std::time::Duration::from_secs(30),
+            max_connections: 512,
+        }
     }
 }
 
-setters!(Limits { max_body_bytes: usize, max_tools: usize, max_messages: usize, max_stops: usize });
+setters!(Limits {
+    max_body_bytes: usize,
+    max_tools: usize,
+    max_messages: usize,
+    max_stops: usize,
+    client_timeout: std::time::Duration,
+    max_connections: usize,
+});
 
 /// An error as the API returns it.
 #[derive(Debug, Clone, PartialEq)]

@@ -94,7 +94,17 @@ impl Drop for CancelOnDrop {
 /// The body of an authorized request, read within the limit.
 async fn authorized_body(st: &AppState, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, Response> {
     authorize(st, headers).map_err(|e| error(st, &e))?;
-    read_body(body, st.opts.limits.max_body_bytes).await.map_err(|e| error(st, &e))
+    let limits = &st.opts.limits;
+    match tokio::time::timeout(limits.client_timeout, read_body(body, limits.max_body_bytes)).await {
+        Ok(read) => read.map_err(|e| error(st, &e)),
+        Err(_) => {
+            let s = limits.client_timeout.as_secs_f64();
+            Err(error(
+                st,
+                &ApiError::new(408, "invalid_request_error", format!("the body did not arrive within {s} s")),
+            ))
+        }
+    }
 }
 
 /// Queues a checked request for the model: its events, and the guard that cancels it when dropped; or

@@ -8,6 +8,7 @@
 //! and every bad request is a 400 naming the field ([`api`]).
 
 pub mod api;
+mod conn;
 mod http;
 mod responses;
 mod worker;
@@ -170,23 +171,19 @@ impl Server {
             .name("reagent-model".into())
             .spawn(move || scope.scope(|| worker.run(queue)))
             .map_err(|e| Error::param("server", format!("cannot start the model thread: {e}")))?;
+        let (timeout, max_connections) = (opts.limits.client_timeout, opts.limits.max_connections);
         let app = http::router(http::AppState { jobs, metrics, opts });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("reagent-serve".into())
             .spawn(move || {
                 rt.block_on(async move {
-                    let (drain, drained) = tokio::sync::oneshot::channel::<()>();
-                    let serving = axum::serve(listener, app).with_graceful_shutdown(async move {
-                        let _ = drained.await;
-                    });
-                    let serving = tokio::spawn(std::future::IntoFuture::into_future(serving));
-                    let _ = stopped.await;
-                    stopping.cancel();
-                    let _ = drain.send(());
-                    // Open connections get a few seconds to finish; then the runtime drops them (a client
-                    // that stopped reading, or stopped sending its body, cannot hold the shutdown).
-                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), serving).await;
+                    let stop = async move {
+                        let _ = stopped.await;
+                        stopping.cancel();
+                    };
+                    // Open connections get a few seconds to finish; then the runtime drops them.
+                    conn::serve(listener, app, timeout, max_connections, stop, std::time::Duration::from_secs(5)).await;
                 });
                 rt.shutdown_timeout(std::time::Duration::from_millis(100));
             })
