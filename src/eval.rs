@@ -250,6 +250,9 @@ pub struct TaskResult {
     /// [`AgentConfig::min_support`](crate::agent::AgentConfig::min_support)), kept or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub support: Option<f32>,
+    /// Its values' scores ([`Step::support_values`](crate::agent::Step::support_values)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub support_values: Vec<crate::agent::ValueScore>,
     /// The grounding of the first call the model made (see [`crate::agent::grounding`]), kept or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<f32>,
@@ -526,6 +529,7 @@ fn invalid_task_result(task: &EvalTask, error: &str) -> TaskResult {
         call_margin: None,
         stop_margins: Vec::new(),
         support: None,
+        support_values: Vec::new(),
         grounding: None,
     }
 }
@@ -574,6 +578,7 @@ fn task_result(task: &EvalTask, t: &Transcript, specs: &[ToolSpec], dry_run: boo
         stop_margins: first_margins.iter().filter(|m| m.label == "stop").map(|m| m.margin).collect(),
         grounding: t.steps.first().and_then(|s| s.grounding),
         support: t.steps.first().and_then(|s| s.support),
+        support_values: t.steps.first().map(|s| s.support_values.clone()).unwrap_or_default(),
     })
 }
 

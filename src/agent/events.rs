@@ -274,6 +274,21 @@ pub struct Step {
     /// the request, where it was measured, whether or not the call was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub support: Option<f32>,
+    /// What [`support`](Self::support) was measured from: each value of the call with its tokens'
+    /// log-probabilities, so that other measures can be tried offline.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub support_values: Vec<ValueScore>,
+}
+
+/// A call's value scored for its support ([`Step::support_values`]): its JSON text (the tool's name for
+/// a call without values) and the sums of its tokens' log-probabilities after the conversation with the
+/// request and with the request emptied. Its support is `with - without`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ValueScore {
+    pub value: String,
+    pub with: f32,
+    pub without: f32,
 }
 
 /// Totals over a run.

@@ -44,7 +44,7 @@ pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, Decisi
 pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
 pub use event_log::{read_trace, EventLog, RecordedRun, RecordedStep, TraceHeader, TRACE_VERSION};
 pub use events::{
-    AgentEvent, CallRecord, DecisionStats, DropMeasure, EventSink, RunStats, Step, StopReason, Transcript,
+    AgentEvent, CallRecord, DecisionStats, DropMeasure, EventSink, RunStats, Step, StopReason, Transcript, ValueScore,
 };
 pub use session::{read_session, Session, SessionTurn, SESSION_VERSION};
 

@@ -367,10 +367,12 @@ impl Agent {
                 _ => None,
             };
         // The same choice from the model's scores: a call the request hardly made more likely.
-        let support = match (free_first && self.config.tool_choice == ToolChoice::Auto, self.config.min_support) {
-            (true, Some(_)) => self.first_call_support(messages, tools, &decided.decision, &decided.text)?,
-            _ => None,
+        let support_values = match (free_first && self.config.tool_choice == ToolChoice::Auto, self.config.min_support)
+        {
+            (true, Some(_)) => self.first_call_scores(messages, tools, &decided.decision, &decided.text)?,
+            _ => Vec::new(),
         };
+        let support = support::support_of(&support_values);
         // A tool the user named is not a guess: its values are derived, not made up.
         let named = |call: &ToolCall| {
             self.executor.tools().get(&call.tool).is_some_and(|t| evidence.names_tool(&call.tool, &t.spec().parameters))
@@ -424,6 +426,7 @@ impl Agent {
             stats,
             grounding,
             support,
+            support_values,
         };
         if let Decision::FinalAnswer { answer, .. } = &decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
@@ -494,6 +497,7 @@ impl Agent {
             stats: DecisionStats::default(),
             grounding: None,
             support: None,
+            support_values: Vec::new(),
         };
         if let Decision::FinalAnswer { answer, .. } = &rec.decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });

@@ -13,7 +13,7 @@
 //! support to stderr, for calibrating a model.
 
 use crate::agent::decision::Decision;
-use crate::agent::{AgentConfig, DropMeasure};
+use crate::agent::{AgentConfig, DropMeasure, ValueScore};
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::ToolCall;
 
@@ -48,7 +48,19 @@ pub(super) fn without_request(messages: &[ChatMessage]) -> Vec<ChatMessage> {
 
 /// `call`'s support in `text` (the decision that made it), from each token's text and its
 /// log-probabilities with and without the request; `None` when the call is not found in the text.
+#[cfg(test)]
 pub(crate) fn support(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Option<f32> {
+    support_of(&value_scores(tokens, text, call))
+}
+
+/// A call's support from its values' scores: that of its least supported value.
+pub(crate) fn support_of(values: &[ValueScore]) -> Option<f32> {
+    values.iter().map(|v| v.with - v.without).reduce(f32::min)
+}
+
+/// Each value of `call` in `text` scored from the tokens' log-probabilities with and without the
+/// request: the tool's name for a call without values; none when the call is not found in the text.
+pub(crate) fn value_scores(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Vec<ValueScore> {
     let mut starts = Vec::with_capacity(tokens.len());
     let mut joined = String::new();
     for (piece, ..) in tokens {
@@ -57,37 +69,33 @@ pub(crate) fn support(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall
     }
     // The tokens' text is the decision's text where the tokenizer round-trips; elsewhere nothing is said.
     if joined != text {
-        return None;
+        return Vec::new();
     }
-    // The summed support of the tokens overlapping `from..to`; `None` where there are none.
-    let span = |from: usize, to: usize| {
-        tokens
-            .iter()
-            .zip(&starts)
-            .filter(|((p, ..), &s)| s < to && s + p.len() > from)
-            .map(|((_, with, without), _)| with - without)
-            .fold(None, |sum: Option<f32>, d| Some(sum.unwrap_or(0.0) + d))
+    // The summed scores of the tokens overlapping `from..to`; `None` where there are none.
+    let span = |value: &str, from: usize, to: usize| {
+        let mut over = tokens.iter().zip(&starts).filter(|((p, ..), &s)| s < to && s + p.len() > from).peekable();
+        over.peek()?;
+        let (with, without) = over.fold((0.0, 0.0), |(a, b), ((_, w, wo), _)| (a + w, b + wo));
+        Some(ValueScore { value: value.to_string(), with, without })
     };
-    let name = text.find(&format!("\"{}\"", call.tool)).map(|i| i + 1)?;
+    let Some(name) = text.find(&format!("\"{}\"", call.tool)).map(|i| i + 1) else { return Vec::new() };
     let at = name + call.tool.len();
     let mut values = Vec::new();
     leaves(&call.args, &mut values);
     if values.is_empty() {
-        return span(name, at);
+        return span(&call.tool, name, at).into_iter().collect();
     }
-    let mut least: Option<f32> = None;
+    let mut scores = Vec::new();
     for v in values {
         // A string is found with its quotes (not inside a longer one), its support read inside them.
-        let (needle, inner) = match serde_json::from_str::<String>(&v) {
-            Ok(_) => (v.as_str(), 1..v.len() - 1),
-            Err(_) => (v.as_str(), 0..v.len()),
+        let inner = match serde_json::from_str::<String>(&v) {
+            Ok(_) => 1..v.len() - 1,
+            Err(_) => 0..v.len(),
         };
-        let Some(i) = text[at..].find(needle).map(|i| i + at) else { continue };
-        if let Some(s) = span(i + inner.start, i + inner.end) {
-            least = Some(least.map_or(s, |l| l.min(s)));
-        }
+        let Some(i) = text[at..].find(&v).map(|i| i + at) else { continue };
+        scores.extend(span(&v, i + inner.start, i + inner.end));
     }
-    least
+    scores
 }
 
 /// The non-empty leaf values of `v` as JSON text (strings with their quotes).
@@ -104,24 +112,26 @@ fn leaves(v: &serde_json::Value, out: &mut Vec<String>) {
 }
 
 impl Agent {
-    /// The support of `decision`'s first call from the request (see the module), or `None` where the
-    /// driver cannot score or the call is not found in `text`.
-    pub(super) fn first_call_support(
+    /// The scores of `decision`'s first call's values with and without the request (see the module),
+    /// or none where the driver cannot score or the call is not found in `text`.
+    pub(super) fn first_call_scores(
         &mut self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
         decision: &Decision,
         text: &str,
-    ) -> Result<Option<f32>> {
-        let Some(call) = decision.calls().into_iter().next() else { return Ok(None) };
-        let Some(with) = self.driver.score(messages, tools, text)? else { return Ok(None) };
-        let Some(without) = self.driver.score(&without_request(messages), tools, text)? else { return Ok(None) };
+    ) -> Result<Vec<ValueScore>> {
+        let Some(call) = decision.calls().into_iter().next() else { return Ok(Vec::new()) };
+        let Some(with) = self.driver.score(messages, tools, text)? else { return Ok(Vec::new()) };
+        let Some(without) = self.driver.score(&without_request(messages), tools, text)? else {
+            return Ok(Vec::new());
+        };
         let tokens: Vec<(String, f32, f32)> = with.into_iter().zip(without).map(|((p, a), (_, b))| (p, a, b)).collect();
         if std::env::var_os("REAGENT_DEBUG_SUPPORT").is_some() {
             let shown: Vec<String> = tokens.iter().map(|(p, a, b)| format!("{p:?}:{:+.1}", a - b)).collect();
             eprintln!("[support] {}", shown.join(" "));
         }
-        Ok(support(&tokens, text, &call))
+        Ok(value_scores(&tokens, text, &call))
     }
 }
 
@@ -149,6 +159,11 @@ mod tests {
         assert_eq!(support(&t, &text, &call), Some(0.5));
         let call = ToolCall::new("get_weather", json!({"city": "Paris"}));
         assert_eq!(support(&t, &text, &call), Some(6.25));
+        // Each value's scores are kept, for other measures offline: both sums over its tokens.
+        let call = ToolCall::new("get_weather", json!({"city": "Paris", "days": 3}));
+        let scores = value_scores(&t, &text, &call);
+        let pairs: Vec<(&str, f32, f32)> = scores.iter().map(|v| (v.value.as_str(), v.with, v.without)).collect();
+        assert_eq!(pairs, vec![("\"Paris\"", 0.25, -6.0), ("3", -2.5, -3.0)]);
     }
 
     #[test]
