@@ -100,6 +100,10 @@ pub enum Error {
     #[error("forward at position {pos} but the KV cache holds only {len} tokens")]
     BadPosition { pos: usize, len: usize },
 
+    /// A remote model's server failed a request (`endpoint`: its API base).
+    #[error("{endpoint}: {problem}")]
+    Remote { endpoint: String, problem: String },
+
     /// A parameter out of its range, or a set-up that cannot run (`name` is the parameter or the part).
     #[error("invalid {name}: {problem}")]
     InvalidParam { name: &'static str, problem: String },

@@ -668,3 +668,121 @@ fn slow_idle_and_stalled_clients_are_let_go_and_the_server_serves_on() {
     drop(stalled);
     assert_eq!(health(), 200);
 }
+
+/// The agent with its decisions made over HTTP by `reagent serve` (the grammar sent as
+/// `structured_outputs`), against the same agent in process on the same model: the same first decision.
+#[test]
+fn a_remote_decision_under_the_grammar_is_the_decision_made_in_process() {
+    use reagent::agent::{Agent, AgentConfig, DecisionFormat, Profile, RemoteConstraint, RemoteDriver};
+    use reagent::tools::FnTool;
+    let s = server(ServeOptions::default());
+    let add = || {
+        let spec = reagent::ToolSpec::new(
+            "add",
+            "Adds two numbers",
+            json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                   "required": ["a", "b"]}),
+        )
+        .unwrap();
+        std::sync::Arc::new(FnTool::new(spec, |_| Ok(json!(5)))) as std::sync::Arc<dyn reagent::Tool>
+    };
+    let mut config = AgentConfig::for_model(None, Profile::Run, false).unwrap();
+    config.format = DecisionFormat::React;
+    let config = config.max_steps(1);
+    let question = "What is 2 plus 3?";
+    let model = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+    let local = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
+    let mut agent = Agent::builder().driver(local).tools([add()]).config(config.clone()).build().unwrap();
+    let here = agent.run(question).unwrap();
+    let url = format!("http://{}/v1", s.addr());
+    let remote = RemoteDriver::new(&url, "tiny", RemoteConstraint::Grammar, Duration::from_secs(120)).unwrap();
+    let mut agent = Agent::builder().driver(remote).tools([add()]).config(config).build().unwrap();
+    let there = agent.run(question).unwrap();
+    assert_eq!(there.steps[0].decision, here.steps[0].decision);
+    assert_eq!(there.steps[0].stats.prompt_tokens, here.steps[0].stats.prompt_tokens);
+}
+
+/// A server that fails: a 500 is tried again; text that is no decision is retried by the agent with
+/// the same events as a local decision's; a 400 ends the run naming the server and its message.
+#[test]
+fn a_failing_server_gives_the_agents_own_failures_and_retries() {
+    use reagent::agent::{Agent, AgentEvent, RemoteConstraint, RemoteDriver, StopReason};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let completion = |content: &str| {
+        json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": 3}})
+        .to_string()
+    };
+    let replies = vec![
+        (500, "{\"error\": {\"message\": \"overloaded\"}}".to_string()),
+        (200, completion("not a decision")),
+        (200, completion(r#"{"thought": "", "type": "final_answer", "answer": "five"}"#)),
+        // The answer in the model's own words, asked for once the decision answered.
+        (200, completion("2 plus 3 is 5.")),
+        (400, "{\"error\": {\"message\": \"messages: too long\"}}".to_string()),
+    ];
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = bodies.clone();
+    std::thread::spawn(move || {
+        for (status, reply) in replies {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 65536];
+            // The head, then the body its Content-Length gives.
+            loop {
+                let n = c.read(&mut buf).unwrap();
+                raw.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&raw).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= len {
+                        seen.lock().unwrap().push((head.to_string(), body.to_string()));
+                        break;
+                    }
+                }
+            }
+            let reason = if status == 200 { "OK" } else { "Error" };
+            let _ = write!(
+                c,
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    let url = format!("http://{addr}/v1");
+    let remote = RemoteDriver::new(&url, "m", RemoteConstraint::JsonSchema, Duration::from_secs(10))
+        .unwrap()
+        .retries(2, Duration::from_millis(1))
+        .api_key(Some("sk-test".into()));
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = events.clone();
+    let mut agent = Agent::builder()
+        .driver(remote)
+        .events(move |e: &AgentEvent| log.lock().unwrap().push(serde_json::to_value(e).unwrap()))
+        .build()
+        .unwrap();
+    let t = agent.run("What is 2 plus 3?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("2 plus 3 is 5."), "{:?}", events.lock().unwrap());
+    let kinds: Vec<String> = events.lock().unwrap().iter().map(|e| e["event"].as_str().unwrap().to_string()).collect();
+    assert!(kinds.contains(&"extraction_failed".to_string()), "{kinds:?}");
+    let bodies = bodies.lock().unwrap().clone();
+    assert_eq!(bodies.len(), 4, "the 500 tried again, the bad text retried by the agent, the answer asked for");
+    let (head, body) = &bodies[0];
+    assert!(head.contains("Authorization: Bearer sk-test") || head.contains("authorization: Bearer sk-test"));
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["response_format"]["type"], "json_schema", "{body}");
+    // The next run's request is refused (400): the run fails naming the server and what it said.
+    let t = agent.run("And 3 plus 4?").unwrap();
+    match &t.stop_reason {
+        StopReason::DriverError { message } => {
+            assert!(message.contains(&url) && message.contains("HTTP 400: messages: too long"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

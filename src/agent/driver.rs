@@ -21,9 +21,11 @@ use crate::text::chat::{ChatMessage, Role};
 use crate::text::Model;
 
 mod prefix;
+mod remote;
 mod scripted;
 mod thinking;
 
+pub use remote::{RemoteConstraint, RemoteDriver};
 pub use scripted::{ScriptItem, ScriptedDriver};
 
 /// What a driver is asked for.

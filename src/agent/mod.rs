@@ -41,7 +41,9 @@ use serde_json::Value;
 pub use crate::catalog::Profile;
 pub use crate::tools::ToolCall;
 pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
-pub use driver::{DecisionRequest, Driver, DriverOutput, ModelDriver, ScriptItem, ScriptedDriver};
+pub use driver::{
+    DecisionRequest, Driver, DriverOutput, ModelDriver, RemoteConstraint, RemoteDriver, ScriptItem, ScriptedDriver,
+};
 pub use event_log::{read_trace, EventLog, RecordedRun, RecordedStep, TraceHeader, TRACE_VERSION};
 pub use events::{
     AgentEvent, CallRecord, DecisionStats, DropMeasure, EventSink, RunStats, Step, StopReason, Transcript, ValueScore,

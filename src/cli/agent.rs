@@ -51,7 +51,16 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         (Some(path), Some(r)) => Some(EventLog::append(path, r.bytes)?),
         _ => a.trace.as_deref().map(EventLog::create).transpose()?,
     };
-    let (driver, model_id) = run_driver(&a.opts)?;
+    let (driver, model_id) = match &a.remote.endpoint {
+        Some(url) => remote_driver(url, &a.remote, &a.opts)?,
+        None => {
+            let (d, id) = run_driver(&a.opts)?;
+            (Box::new(d) as Box<dyn Driver>, id)
+        }
+    };
+    if a.remote.endpoint.is_some() {
+        eprintln!("model: {model_id}");
+    }
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
@@ -80,26 +89,27 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     // whole).
     let live = display::LiveAnswer::new(false, colour);
     let shown = live.clone();
-    let mut builder = Agent::builder().driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
-        // The trace gets every event as it happens, so an interrupted run keeps what it did; a run that
-        // cannot keep its trace stops.
-        if let Some(t) = &events {
-            t.write_event(e);
-            if let Some(err) = t.take_error() {
-                eprintln!("error: writing the trace: {err}");
-                std::process::exit(2);
+    let mut builder =
+        Agent::builder().boxed_driver(driver).tools(tools).config(config).events(move |e: &AgentEvent| {
+            // The trace gets every event as it happens, so an interrupted run keeps what it did; a run that
+            // cannot keep its trace stops.
+            if let Some(t) = &events {
+                t.write_event(e);
+                if let Some(err) = t.take_error() {
+                    eprintln!("error: writing the trace: {err}");
+                    std::process::exit(2);
+                }
             }
-        }
-        match (json, e) {
-            (true, e) => writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).unwrap_or_default())
-                .unwrap_or_else(|e| stdout_failed(e)),
-            (false, AgentEvent::FinalAnswer { answer, .. }) if shown.finish(answer) => {}
-            (false, e) => {
-                shown.pause();
-                display::show_event(e, colour)
+            match (json, e) {
+                (true, e) => writeln!(std::io::stdout().lock(), "{}", serde_json::to_string(e).unwrap_or_default())
+                    .unwrap_or_else(|e| stdout_failed(e)),
+                (false, AgentEvent::FinalAnswer { answer, .. }) if shown.finish(answer) => {}
+                (false, e) => {
+                    shown.pause();
+                    display::show_event(e, colour)
+                }
             }
-        }
-    });
+        });
     if !json {
         builder = builder.answer_text(move |t| live.piece(t));
     }
@@ -130,6 +140,19 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         (_, Some(_)) => ExitCode::SUCCESS,
         (_, None) => ExitCode::from(1),
     })
+}
+
+/// The driver of a model served at `url`, and its description for a trace header.
+fn remote_driver(url: &str, r: &super::args::RemoteArgs, o: &RunOptions) -> Result<(Box<dyn Driver>, String)> {
+    if !(r.request_timeout > 0.0 && r.request_timeout <= 86_400.0) {
+        bail!("--request-timeout: give a number of seconds above 0, at most a day");
+    }
+    let name = r.served_model.clone().or_else(|| o.model.model.clone()).unwrap_or_else(|| "default".into());
+    let constraint: reagent::agent::RemoteConstraint = r.constraint.parse()?;
+    let timeout = std::time::Duration::from_secs_f64(r.request_timeout);
+    let driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?.api_key(r.api_key.clone());
+    let id = format!("{name} at {} ({constraint})", url.trim_end_matches('/'));
+    Ok((Box::new(driver), id))
 }
 
 /// The model's driver for `run` and `chat`, and the model's description for a trace header.

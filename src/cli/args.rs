@@ -158,7 +158,32 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<PathBuf>,
     #[command(flatten)]
+    pub(crate) remote: RemoteArgs,
+    #[command(flatten)]
     pub(crate) opts: RunOptions,
+}
+
+/// A model on an OpenAI-compatible server instead of one in this process.
+#[derive(Args)]
+pub(crate) struct RemoteArgs {
+    /// Make the decisions on this OpenAI-compatible server (its API base, `http://host:8080/v1`: vLLM,
+    /// SGLang, llama.cpp's server, `reagent serve`); the tools still run here.
+    #[arg(long, value_name = "URL", help_heading = "Remote model")]
+    pub(crate) endpoint: Option<String>,
+    /// The served model's name (sent as `model`; default: --model's, else `default`).
+    #[arg(long, value_name = "NAME", requires = "endpoint", help_heading = "Remote model")]
+    pub(crate) served_model: Option<String>,
+    /// Sent as `Authorization: Bearer KEY`.
+    #[arg(long, env = "REAGENT_API_KEY", hide_env_values = true, requires = "endpoint", help_heading = "Remote model")]
+    pub(crate) api_key: Option<String>,
+    /// How the decision's grammar reaches the server: `grammar` (llguidance's Lark, as vLLM's and
+    /// SGLang's llguidance backends and `reagent serve` take it), `json-schema` (`response_format`), or
+    /// `none` (parsed and validated here only).
+    #[arg(long, default_value = "grammar", value_name = "MODE", requires = "endpoint", help_heading = "Remote model")]
+    pub(crate) constraint: String,
+    /// Seconds one request to the server may take.
+    #[arg(long, default_value_t = 300.0, value_name = "SECS", requires = "endpoint", help_heading = "Remote model")]
+    pub(crate) request_timeout: f64,
 }
 
 /// `reagent chat`: a conversation, one run per line.

@@ -79,12 +79,14 @@ pub enum Choice {
     Function(String),
 }
 
-/// `response_format`.
+/// `response_format`, or `structured_outputs` (vLLM's field, which reagent's remote driver sends).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Format {
     Text,
     JsonObject,
     JsonSchema(Value),
+    /// A Lark grammar in llguidance's dialect (`structured_outputs.grammar`).
+    Grammar(String),
 }
 
 /// One message of the conversation.
@@ -203,6 +205,23 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
             _ => return Err(ApiError::bad("response_format.type", "expected text, json_object or json_schema")),
         },
         Some(_) => return Err(ApiError::bad("response_format", "must be an object")),
+    };
+    let format = match o.get("structured_outputs") {
+        None | Some(Value::Null) => format,
+        Some(_) if format != Format::Text => {
+            return Err(ApiError::bad("structured_outputs", "give response_format or structured_outputs, not both"))
+        }
+        Some(Value::Object(s)) => match (s.get("grammar"), s.get("json")) {
+            (Some(Value::String(g)), None) => Format::Grammar(g.clone()),
+            (None, Some(j @ Value::Object(_))) => Format::JsonSchema(j.clone()),
+            _ => {
+                return Err(ApiError::bad(
+                    "structured_outputs",
+                    "expected {\"grammar\": a Lark grammar} or {\"json\": a JSON schema object}",
+                ))
+            }
+        },
+        Some(_) => return Err(ApiError::bad("structured_outputs", "must be an object")),
     };
     if format != Format::Text && !tools.is_empty() && choice != Choice::None {
         return Err(ApiError::bad(
@@ -443,6 +462,15 @@ mod tests {
     }
 
     #[test]
+    fn structured_outputs_carry_a_grammar_or_a_schema() {
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let r = parse(json!({"messages": user, "structured_outputs": {"grammar": "start: /a+/"}})).unwrap();
+        assert_eq!(r.format, Format::Grammar("start: /a+/".into()));
+        let r = parse(json!({"messages": user, "structured_outputs": {"json": {"type": "object"}}})).unwrap();
+        assert_eq!(r.format, Format::JsonSchema(json!({"type": "object"})));
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let user = json!([{"role": "user", "content": "hi"}]);
         let cases = [
@@ -459,6 +487,13 @@ mod tests {
             (json!({"messages": user, "tools": [{"type": "retrieval"}]}), "tools[0].type"),
             (json!({"messages": user, "tool_choice": "required"}), "tool_choice"),
             (json!({"messages": user, "tool_choice": "sometimes"}), "tool_choice"),
+            (json!({"messages": user, "structured_outputs": {"regex": "a+"}}), "structured_outputs"),
+            (json!({"messages": user, "structured_outputs": "start: /a/"}), "structured_outputs"),
+            (
+                json!({"messages": user, "structured_outputs": {"grammar": "start: /a/"},
+                       "response_format": {"type": "json_object"}}),
+                "structured_outputs",
+            ),
             (json!({"messages": user, "n": 2}), "n"),
             (json!({"messages": user, "stop": [1]}), "stop"),
             (json!({"messages": user, "response_format": {"type": "yaml"}}), "response_format.type"),

@@ -147,11 +147,16 @@ impl Worker {
             Format::Text => None,
             Format::JsonObject => Some(Grammar::JsonSchema(json!({"type": "object"}))),
             Format::JsonSchema(s) => Some(Grammar::JsonSchema(s.clone())),
+            Format::Grammar(g) => Some(Grammar::Lark(g.clone())),
+        };
+        let field = match &req.format {
+            Format::Grammar(_) => "structured_outputs.grammar",
+            _ => "response_format.json_schema.schema",
         };
         let mut constraint = match (&grammar, &engine) {
-            (Some(g), Some(e)) => Some(e.constraint(g).map_err(|e| {
-                ApiError::bad("response_format.json_schema.schema", crate::error::one_line(&e.to_string()))
-            })?),
+            (Some(g), Some(e)) => {
+                Some(e.constraint(g).map_err(|e| ApiError::bad(field, crate::error::one_line(&e.to_string())))?)
+            }
             _ => None,
         };
         let sampling = Sampling::from_params(req.temperature, None, req.top_p)

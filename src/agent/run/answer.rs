@@ -26,8 +26,12 @@ impl Agent {
         let messages = self.plain_turns(run);
         let sink = &mut self.answer_text;
         let mut on_text = |t: &str| sink.as_mut().map_or((), |f| f(t));
-        let Some(out) = self.driver.answer(&messages, self.config.answer_tokens, &mut on_text)? else {
-            return Ok(None);
+        let out = match self.driver.answer(&messages, self.config.answer_tokens, &mut on_text) {
+            Ok(Some(out)) => out,
+            Ok(None) => return Ok(None),
+            Err(e) if crate::limits::interrupted() => return Err(e),
+            // The decision's answer stands where the reply could not be had (a remote server that failed).
+            Err(_) => return Ok(None),
         };
         stats.generated_tokens += out.stats.generated_tokens;
         stats.prompt_tokens += out.stats.prompt_tokens;

@@ -1,0 +1,321 @@
+//! [`RemoteDriver`]: decisions made by a model on an OpenAI-compatible server (vLLM, SGLang, llama.cpp's
+//! server, `reagent serve`), constrained as the engine can take it ([`RemoteConstraint`]). Everything else of
+//! the agent (tools, MCP, traces, retries, eval) runs here unchanged; each decision is parsed and
+//! validated here as a local one is. Settings that need the model's scores (the call bias, the call's
+//! support) are not applied: the server returns text, not logits.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{DecisionRequest, Driver, DriverOutput};
+use crate::agent::events::DecisionStats;
+use crate::agent::native::CallSyntax;
+use crate::decode::constraint::Grammar;
+use crate::error::{Error, Result};
+use crate::text::chat::{ChatMessage, Role};
+
+/// How a decision's grammar reaches the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RemoteConstraint {
+    /// The decision's grammar in llguidance's Lark dialect as `structured_outputs.grammar` (vLLM's and
+    /// SGLang's llguidance backends, `reagent serve`): decisions valid by construction.
+    #[default]
+    Grammar,
+    /// The decision's JSON schema as `response_format` (llama.cpp's server, Ollama, hosted APIs): valid
+    /// where the engine enforces the schema.
+    JsonSchema,
+    /// No constraint: the text is parsed and validated here, and retried when it does not hold.
+    None,
+}
+
+impl std::str::FromStr for RemoteConstraint {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "grammar" => Ok(Self::Grammar),
+            "json-schema" => Ok(Self::JsonSchema),
+            "none" => Ok(Self::None),
+            other => Err(Error::param("constraint", format!("`{other}`: expected grammar, json-schema or none"))),
+        }
+    }
+}
+
+impl std::fmt::Display for RemoteConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Grammar => "grammar",
+            Self::JsonSchema => "json-schema",
+            Self::None => "none",
+        })
+    }
+}
+
+/// Makes decisions on an OpenAI-compatible chat-completions endpoint.
+pub struct RemoteDriver {
+    /// The API's base, ending before `/chat/completions` (`http://host:8080/v1`).
+    base: String,
+    model: String,
+    api_key: Option<String>,
+    constraint: RemoteConstraint,
+    http: ureq::Agent,
+    /// Attempts after a failed request (a transport error, a 429 or a 5xx), each after twice the wait.
+    retries: u32,
+    backoff: Duration,
+}
+
+impl std::fmt::Debug for RemoteDriver {
+    // The key is never shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteDriver")
+            .field("base", &self.base)
+            .field("model", &self.model)
+            .field("constraint", &self.constraint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteDriver {
+    /// A driver for `model` at `base` (`http://host:port/v1`), each request bounded by `timeout`.
+    pub fn new(base: &str, model: impl Into<String>, constraint: RemoteConstraint, timeout: Duration) -> Result<Self> {
+        let base = base.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(Error::param("endpoint", format!("`{base}`: expected an http:// or https:// URL")));
+        }
+        let http = ureq::AgentBuilder::new().timeout(timeout).build();
+        let (retries, backoff) = (2, Duration::from_millis(500));
+        Ok(Self { base, model: model.into(), api_key: None, constraint, http, retries, backoff })
+    }
+
+    /// Sent as `Authorization: Bearer KEY`.
+    #[must_use]
+    pub fn api_key(mut self, key: Option<String>) -> Self {
+        self.api_key = key.filter(|k| !k.is_empty());
+        self
+    }
+
+    /// Attempts after a failed request and the wait before the first (default: 2, 0.5 s).
+    #[must_use]
+    pub fn retries(mut self, times: u32, backoff: Duration) -> Self {
+        (self.retries, self.backoff) = (times, backoff);
+        self
+    }
+
+    pub fn constraint(&self) -> RemoteConstraint {
+        self.constraint
+    }
+
+    /// The request body of a decision under `grammar` (or of an answer in words, with none).
+    pub fn body(&self, messages: &[ChatMessage], grammar: Option<&Grammar>, max_tokens: usize) -> Result<Value> {
+        let mut body = json!({
+            "model": self.model,
+            "messages": messages.iter().map(message).collect::<Vec<_>>(),
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        });
+        let (Some(g), Some(o)) = (grammar, body.as_object_mut()) else { return Ok(body) };
+        match (self.constraint, g) {
+            (RemoteConstraint::None, _) => {}
+            (RemoteConstraint::Grammar, Grammar::Lark(lark)) => {
+                o.insert("structured_outputs".into(), json!({"grammar": lark}));
+            }
+            (RemoteConstraint::Grammar, Grammar::JsonSchema(s)) => {
+                o.insert("structured_outputs".into(), json!({"grammar": format!("start: %json {s}")}));
+            }
+            (RemoteConstraint::JsonSchema, Grammar::JsonSchema(s)) => {
+                let mut schema = s.clone();
+                // llguidance's options mean nothing to other engines.
+                if let Some(m) = schema.as_object_mut() {
+                    m.remove("x-guidance");
+                }
+                o.insert(
+                    "response_format".into(),
+                    json!({"type": "json_schema", "json_schema": {"name": "decision", "schema": schema, "strict": true}}),
+                );
+            }
+            (c, g) => {
+                return Err(Error::param(
+                    "constraint",
+                    format!("a {} cannot be sent as `{c}`: use the react decision format", kind(g)),
+                ))
+            }
+        }
+        Ok(body)
+    }
+
+    /// Posts `body` to `/chat/completions`; the response's JSON. Transport errors, 429s and 5xxs are
+    /// tried again; a 4xx is not.
+    fn post(&self, body: &Value) -> Result<Value> {
+        let url = format!("{}/chat/completions", self.base);
+        let fail = |problem: String| Error::Remote { endpoint: self.base.clone(), problem };
+        let mut wait = self.backoff;
+        let mut attempt = 0;
+        loop {
+            let mut req = self.http.post(&url).set("Content-Type", "application/json");
+            if let Some(k) = &self.api_key {
+                req = req.set("Authorization", &format!("Bearer {k}"));
+            }
+            let problem = match req.send_string(&body.to_string()) {
+                Ok(resp) => {
+                    let text = resp.into_string().map_err(|e| fail(format!("reading the response: {e}")))?;
+                    return serde_json::from_str(&text)
+                        .map_err(|e| fail(format!("the response is not JSON ({e}): {}", excerpt(&text))));
+                }
+                Err(ureq::Error::Status(code, resp)) => {
+                    let text = resp.into_string().unwrap_or_default();
+                    let problem = format!("HTTP {code}: {}", error_message(&text));
+                    if code != 429 && code < 500 {
+                        return Err(fail(problem));
+                    }
+                    problem
+                }
+                Err(ureq::Error::Transport(t)) => t.to_string(),
+            };
+            if attempt >= self.retries {
+                let tries = if attempt == 0 { String::new() } else { format!(" (after {} attempts)", attempt + 1) };
+                return Err(fail(format!("{problem}{tries}")));
+            }
+            attempt += 1;
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// The text of the first choice, whether it ended by itself, and the figures.
+    fn complete(&self, body: &Value, started: Instant) -> Result<DriverOutput> {
+        let resp = self.post(body)?;
+        let choice = resp.get("choices").and_then(|c| c.get(0)).ok_or_else(|| Error::Remote {
+            endpoint: self.base.clone(),
+            problem: format!("the response has no choices: {}", excerpt(&resp.to_string())),
+        })?;
+        let text = choice.pointer("/message/content").and_then(Value::as_str).unwrap_or_default().to_string();
+        let complete = choice.get("finish_reason").and_then(Value::as_str) == Some("stop");
+        let count = |p: &str| resp.pointer(p).and_then(Value::as_u64).unwrap_or(0) as usize;
+        let stats = DecisionStats {
+            prompt_tokens: count("/usage/prompt_tokens"),
+            reused_tokens: count("/usage/prompt_tokens_details/cached_tokens"),
+            generated_tokens: count("/usage/completion_tokens"),
+            seconds: started.elapsed().as_secs_f64(),
+            ..DecisionStats::default()
+        };
+        Ok(DriverOutput::new(text, complete, stats))
+    }
+}
+
+impl Driver for RemoteDriver {
+    fn name(&self) -> &'static str {
+        "remote"
+    }
+
+    fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
+        if req.think_budget > 0 {
+            return Err(Error::param("think budget", "not available on a remote model"));
+        }
+        let body = self.body(req.messages, Some(req.grammar), req.max_tokens)?;
+        self.complete(&body, Instant::now())
+    }
+
+    fn answer(
+        &mut self,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Option<DriverOutput>> {
+        let body = self.body(messages, None, max_tokens)?;
+        let out = self.complete(&body, Instant::now())?;
+        on_text(&out.text);
+        Ok(Some(out))
+    }
+
+    /// The server's template is not known here: decisions are ReAct, whose text any model can write.
+    fn call_syntax(&self) -> Option<CallSyntax> {
+        None
+    }
+}
+
+/// A message as the API takes it. Observations come as user turns (a driver that cannot see the
+/// server's template says [`Role::User`] for them), so no turn needs a call id.
+fn message(m: &ChatMessage) -> Value {
+    let role = match m.role {
+        Role::System => "system",
+        Role::User | Role::Tool => "user",
+        Role::Assistant => "assistant",
+    };
+    json!({"role": role, "content": m.content})
+}
+
+fn kind(g: &Grammar) -> &'static str {
+    match g {
+        Grammar::JsonSchema(_) => "JSON schema",
+        Grammar::Lark(_) => "Lark grammar",
+        Grammar::Regex(_) => "regex",
+    }
+}
+
+/// The API error object's message, else the start of the body.
+fn error_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v.pointer("/error/message").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| excerpt(body))
+}
+
+/// At most 200 characters of `s`, on one line.
+fn excerpt(s: &str) -> String {
+    let one: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    match one.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &one[..i]),
+        None => one,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn driver(c: RemoteConstraint) -> RemoteDriver {
+        RemoteDriver::new("http://127.0.0.1:9/v1/", "m", c, Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn each_constraint_sends_what_it_should() {
+        let schema = json!({"type": "object", "x-guidance": {"whitespace_flexible": false}});
+        let g = Grammar::JsonSchema(schema.clone());
+        let msgs = [ChatMessage::system("s"), ChatMessage::user("u"), ChatMessage::new(Role::Tool, "obs")];
+        let b = driver(RemoteConstraint::Grammar).body(&msgs, Some(&g), 64).unwrap();
+        assert_eq!(b["structured_outputs"]["grammar"], format!("start: %json {schema}"));
+        assert_eq!(b["messages"][2], json!({"role": "user", "content": "obs"}));
+        assert_eq!(
+            (b["model"].as_str(), b["max_tokens"].as_u64(), b["temperature"].as_u64()),
+            (Some("m"), Some(64), Some(0))
+        );
+        assert!(b.get("response_format").is_none());
+        let b = driver(RemoteConstraint::Grammar).body(&msgs, Some(&Grammar::Lark("start: /a/".into())), 8).unwrap();
+        assert_eq!(b["structured_outputs"], json!({"grammar": "start: /a/"}));
+        let b = driver(RemoteConstraint::JsonSchema).body(&msgs, Some(&g), 64).unwrap();
+        assert_eq!(b["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
+        assert_eq!(b["response_format"]["type"], "json_schema");
+        assert!(b.get("structured_outputs").is_none());
+        let b = driver(RemoteConstraint::None).body(&msgs, Some(&g), 64).unwrap();
+        assert!(b.get("structured_outputs").is_none() && b.get("response_format").is_none());
+        // An answer in words carries no constraint whatever the mode.
+        let b = driver(RemoteConstraint::Grammar).body(&msgs, None, 64).unwrap();
+        assert!(b.get("structured_outputs").is_none());
+        // A Lark grammar has no JSON schema to send.
+        let e =
+            driver(RemoteConstraint::JsonSchema).body(&msgs, Some(&Grammar::Lark("start: /a/".into())), 8).unwrap_err();
+        assert!(e.to_string().contains("Lark grammar cannot be sent as `json-schema`"), "{e}");
+    }
+
+    #[test]
+    fn a_server_that_is_not_there_is_an_error_naming_it_after_the_retries() {
+        let d = driver(RemoteConstraint::Grammar).retries(1, Duration::from_millis(1)).api_key(Some("secret".into()));
+        let e = d.post(&json!({})).unwrap_err().to_string();
+        assert!(e.starts_with("http://127.0.0.1:9/v1: "), "{e}");
+        assert!(e.contains("after 2 attempts"), "{e}");
+        assert!(!e.contains("secret") && !format!("{d:?}").contains("secret"));
+        assert!("grammar".parse::<RemoteConstraint>().is_ok() && "tools".parse::<RemoteConstraint>().is_err());
+        assert!(RemoteDriver::new("localhost:8080", "m", RemoteConstraint::None, Duration::from_secs(1)).is_err());
+    }
+}
