@@ -1,8 +1,8 @@
 //! A call's support from the request, in the model's own scores: how much more likely the request made
 //! the call than an empty request does ([`AgentConfig::min_support`](crate::agent::AgentConfig)).
 //!
-//! The decision's text is scored twice, token by token, unconstrained: after the conversation as it is,
-//! and after the same conversation with the last user message emptied. A token's support is the
+//! The decision's text (its thought emptied) is scored twice, token by token, unconstrained: after the
+//! conversation as it is, and after the same conversation with the last user message emptied. A token's support is the
 //! difference of its two log-probabilities (its pointwise mutual information with the request). A value
 //! the request gave or implies ("Paris", "MSFT" for "the company behind Windows") gains several nats
 //! from it; a value made up because none was given ("AAPL" for "the stock I bought", `notes.txt` for any
@@ -98,6 +98,19 @@ pub(crate) fn value_scores(tokens: &[(String, f32, f32)], text: &str, call: &Too
     scores
 }
 
+/// A ReAct decision's text with its thought emptied, where it has one. A call is scored without its
+/// thought: a thought restating the request carries the request to the values, which then look as
+/// likely without it (seen on the 1.5B: calls from the request and made-up ones alike near 0 nats).
+fn without_thought(text: &str) -> Option<String> {
+    let mut v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let thought = v.get_mut("thought")?;
+    if thought.as_str().is_none_or(str::is_empty) {
+        return None;
+    }
+    *thought = serde_json::Value::String(String::new());
+    serde_json::to_string(&v).ok()
+}
+
 /// The non-empty leaf values of `v` as JSON text (strings with their quotes).
 fn leaves(v: &serde_json::Value, out: &mut Vec<String>) {
     use serde_json::Value;
@@ -122,6 +135,8 @@ impl Agent {
         text: &str,
     ) -> Result<Vec<ValueScore>> {
         let Some(call) = decision.calls().into_iter().next() else { return Ok(Vec::new()) };
+        let thoughtless = without_thought(text);
+        let text = thoughtless.as_deref().unwrap_or(text);
         let Some(with) = self.driver.score(messages, tools, text)? else { return Ok(Vec::new()) };
         let Some(without) = self.driver.score(&without_request(messages), tools, text)? else {
             return Ok(Vec::new());
@@ -164,6 +179,18 @@ mod tests {
         let scores = value_scores(&t, &text, &call);
         let pairs: Vec<(&str, f32, f32)> = scores.iter().map(|v| (v.value.as_str(), v.with, v.without)).collect();
         assert_eq!(pairs, vec![("\"Paris\"", 0.25, -6.0), ("3", -2.5, -3.0)]);
+    }
+
+    #[test]
+    fn a_call_is_scored_without_its_thought() {
+        let text = r#"{"thought":"The user wants 12 times 4.","type":"call_tool","tool":"calculator","args":{"expression":"12 * 4"}}"#;
+        assert_eq!(
+            without_thought(text).as_deref(),
+            Some(r#"{"thought":"","type":"call_tool","tool":"calculator","args":{"expression":"12 * 4"}}"#)
+        );
+        // Nothing to empty: the text as it is.
+        assert_eq!(without_thought(r#"{"thought":"","type":"final_answer","answer":"x"}"#), None);
+        assert_eq!(without_thought("<tool_call>{}</tool_call>"), None);
     }
 
     #[test]
