@@ -9,6 +9,8 @@ call dropped, the step answered in words). Runs are batch-invariant, so the two 
 decision; a threshold T then gives, per task, KEPT's result where the call's measure is at least T and
 DROPPED's below it: the run that `--min-support T` would have made. Prints each measure's best
 thresholds by the everyday score (benches/agent/everyday.py); with --at, that threshold's per-kind table.
+--scores RUN.jsonl takes the values' scores from another run of the same first decisions (a
+`--max-steps 1` run of a later build that scores differently).
 """
 import argparse
 import json
@@ -58,8 +60,12 @@ def main():
     ap.add_argument("dropped")
     ap.add_argument("--at", type=float)
     ap.add_argument("--measure", default="pmi", choices=sorted(MEASURES))
+    ap.add_argument("--scores")
     a = ap.parse_args()
     tasks, kept, dropped = load(a.tasks), load(a.kept), load(a.dropped)
+    if a.scores:
+        scores = {r["id"]: r.get("support_values") or [] for r in load(a.scores)}
+        kept = [dict(r, support_values=scores.get(r["id"], [])) for r in kept]
     if a.at is not None:
         per_kind, right, _ = score(tasks, replay(tasks, kept, dropped, a.measure, a.at))
         for k in sorted(per_kind):

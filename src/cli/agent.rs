@@ -58,11 +58,23 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
             (Box::new(d) as Box<dyn Driver>, id)
         }
     };
-    if a.remote.endpoint.is_some() {
-        eprintln!("model: {model_id}");
-    }
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
+    if a.remote.endpoint.is_some() {
+        // What needs the model's scores is not applied over HTTP: said once, where the settings ask for it.
+        let mut unapplied = Vec::new();
+        if config.branch_biases.call != 0.0 {
+            unapplied.push(format!("call bias {}", config.branch_biases.call));
+        }
+        if let Some(s) = config.min_support {
+            unapplied.push(format!("min support {s}"));
+        }
+        let note = match unapplied.is_empty() {
+            true => String::new(),
+            false => format!("; not applied remotely: {}", unapplied.join(", ")),
+        };
+        eprintln!("model: {model_id}{note}");
+    }
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     let header = reagent::agent::TraceHeader::new(
         &task,
@@ -150,7 +162,11 @@ fn remote_driver(url: &str, r: &super::args::RemoteArgs, o: &RunOptions) -> Resu
     let name = r.served_model.clone().or_else(|| o.model.model.clone()).unwrap_or_else(|| "default".into());
     let constraint: reagent::agent::RemoteConstraint = r.constraint.parse()?;
     let timeout = std::time::Duration::from_secs_f64(r.request_timeout);
-    let driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?.api_key(r.api_key.clone());
+    // A catalog name in --model: its run settings apply (but for those that need the model's scores).
+    let entry = o.model.model.as_deref().and_then(|m| reagent::catalog::Catalog::builtin().get(m).cloned());
+    let driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?
+        .api_key(r.api_key.clone())
+        .catalog_entry(entry);
     let id = format!("{name} at {} ({constraint})", url.trim_end_matches('/'));
     Ok((Box::new(driver), id))
 }

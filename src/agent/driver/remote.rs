@@ -63,6 +63,8 @@ pub struct RemoteDriver {
     /// Attempts after a failed request (a transport error, a 429 or a 5xx), each after twice the wait.
     retries: u32,
     backoff: Duration,
+    /// The catalog's entry for the served model, whose settings then apply (those that need no scores).
+    entry: Option<crate::catalog::CatalogEntry>,
 }
 
 impl std::fmt::Debug for RemoteDriver {
@@ -85,7 +87,7 @@ impl RemoteDriver {
         }
         let http = ureq::AgentBuilder::new().timeout(timeout).build();
         let (retries, backoff) = (2, Duration::from_millis(500));
-        Ok(Self { base, model: model.into(), api_key: None, constraint, http, retries, backoff })
+        Ok(Self { base, model: model.into(), api_key: None, constraint, http, retries, backoff, entry: None })
     }
 
     /// Sent as `Authorization: Bearer KEY`.
@@ -99,6 +101,14 @@ impl RemoteDriver {
     #[must_use]
     pub fn retries(mut self, times: u32, backoff: Duration) -> Self {
         (self.retries, self.backoff) = (times, backoff);
+        self
+    }
+
+    /// The catalog's entry of the model the server runs: its decision settings apply, but for those that
+    /// need the model's scores.
+    #[must_use]
+    pub fn catalog_entry(mut self, entry: Option<crate::catalog::CatalogEntry>) -> Self {
+        self.entry = entry;
         self
     }
 
@@ -226,6 +236,10 @@ impl Driver for RemoteDriver {
         let out = self.complete(&body, Instant::now())?;
         on_text(&out.text);
         Ok(Some(out))
+    }
+
+    fn catalog_entry(&self) -> Option<crate::catalog::CatalogEntry> {
+        self.entry.clone()
     }
 
     /// The server's template is not known here: decisions are ReAct, whose text any model can write.
