@@ -42,7 +42,7 @@ def main():
 
     text, finish = "", None
     for chunk in chat(model=model, messages=[{"role": "user", "content": "Count from 1 to 5."}], stream=True,
-                      max_tokens=40, stream_options={"include_usage": True}):
+                      max_tokens=40, temperature=0, stream_options={"include_usage": True}):
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
             finish = chunk.choices[0].finish_reason or finish
@@ -107,7 +107,7 @@ def responses(client, model):
     print("responses, plain:", r.output_text.strip()[:60])
 
     text, kinds = "", []
-    with client.responses.stream(model=model, input="Count from 1 to 5.", max_output_tokens=40) as stream:
+    with client.responses.stream(model=model, input="Count from 1 to 5.", max_output_tokens=64, temperature=0) as stream:
         for event in stream:
             kinds.append(event.type)
             if event.type == "response.output_text.delta":
@@ -130,7 +130,7 @@ def responses(client, model):
     turn = ask + [c.model_dump(exclude_none=True) for c in calls] + [
         {"type": "function_call_output", "call_id": c.call_id, "output": "12 C, cloudy"} for c in calls]
     streamed_calls = 0
-    with client.responses.stream(model=model, input=turn, tools=tools) as stream:
+    with client.responses.stream(model=model, input=turn, tools=tools, temperature=0) as stream:
         for event in stream:
             if event.type == "response.output_item.done" and event.item.type == "function_call":
                 check_call(event.item.name, event.item.arguments)
