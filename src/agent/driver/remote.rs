@@ -147,7 +147,7 @@ impl RemoteDriver {
             (c, g) => {
                 return Err(Error::param(
                     "constraint",
-                    format!("a {} cannot be sent as `{c}`: use the react decision format", kind(g)),
+                    format!("a {} cannot be sent as `{c}`: use the react decision format", g.kind()),
                 ))
             }
         }
@@ -257,14 +257,6 @@ fn message(m: &ChatMessage) -> Value {
         Role::Assistant => "assistant",
     };
     json!({"role": role, "content": m.content})
-}
-
-fn kind(g: &Grammar) -> &'static str {
-    match g {
-        Grammar::JsonSchema(_) => "JSON schema",
-        Grammar::Lark(_) => "Lark grammar",
-        Grammar::Regex(_) => "regex",
-    }
 }
 
 /// The API error object's message, else the start of the body.
