@@ -100,9 +100,15 @@ pub enum Error {
     #[error("forward at position {pos} but the KV cache holds only {len} tokens")]
     BadPosition { pos: usize, len: usize },
 
-    /// A remote model's server failed a request (`endpoint`: its API base).
+    /// A remote model's server refused a request or answered it with something that is no completion
+    /// (`endpoint`: its API base).
     #[error("{endpoint}: {problem}")]
     Remote { endpoint: String, problem: String },
+
+    /// A remote model's server could not be reached, or failed the request (a 429 or a 5xx) every time it
+    /// was tried: another server may take the request.
+    #[error("{endpoint}: {problem}")]
+    EndpointDown { endpoint: String, problem: String },
 
     /// A parameter out of its range, or a set-up that cannot run (`name` is the parameter or the part).
     #[error("invalid {name}: {problem}")]

@@ -218,6 +218,9 @@ pub enum StopReason {
     TokenBudget { used: usize, budget: usize },
     /// The model or driver failed (an I/O or inference error, a scripted driver that ran out).
     DriverError { message: String },
+    /// The server of a remote model could not be reached or kept failing
+    /// ([`crate::Error::EndpointDown`]): the run may be tried again there or on another server.
+    EndpointDown { endpoint: String, problem: String },
     /// Every answer the model gave repeated the error of a failed call: what failed, said plainly.
     ToolFailed { tool: String, error: String },
     /// The run was cancelled: its [`Cancel`](crate::limits::Cancel) handle, or the process-wide interrupt
@@ -238,6 +241,7 @@ impl std::fmt::Display for StopReason {
             }
             StopReason::TokenBudget { used, budget } => write!(f, "token budget spent ({used} of {budget})"),
             StopReason::DriverError { message } => write!(f, "{message}"),
+            StopReason::EndpointDown { endpoint, problem } => write!(f, "{endpoint}: {problem}"),
             StopReason::ToolFailed { tool, error } => write!(f, "`{tool}` failed: {error}"),
             StopReason::Interrupted => write!(f, "interrupted"),
         }

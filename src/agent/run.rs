@@ -9,9 +9,8 @@ use super::decision::{self, Decision, DecisionFormat, ToolChoice};
 use super::driver::{DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
-use super::native::{self, CallSyntax};
-use super::{Agent, AgentConfig, RecordedStep};
-use crate::decode::constraint::Grammar;
+use super::native;
+use super::{Agent, RecordedStep};
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, Need, ToolCall, ToolSpec};
@@ -29,6 +28,7 @@ mod validate;
 use checks::{arithmetic_slips, copied_failure, Failure};
 use validate::decision_value;
 pub(super) use validate::StepGrammar;
+use validate::StepGrammars;
 
 /// What one step's attempts produced.
 enum Attempt {
@@ -97,62 +97,6 @@ struct Checks<'a> {
     /// it (once), and the reason noted in `raised`.
     pending: Option<Need>,
     raised: &'a mut Vec<String>,
-}
-
-/// The grammars a step chooses from.
-struct StepGrammars {
-    /// The run's tool choice.
-    normal: StepGrammar,
-    /// Answers only: after a repeated call is refused, an `auto` run must answer.
-    answer_only: StepGrammar,
-    /// Calls only (under `auto`): the first step where a call is required, or the step after an error
-    /// where the settings ask for a call.
-    call_only: Option<StepGrammar>,
-    /// One more call after a decision's calls, when the settings propose more calls.
-    more_calls: Option<Grammar>,
-    /// A native decision's grammar under `auto`, whose first token the model's call score is read at
-    /// ([`AgentConfig::native_branch`]), and the tools its template renders (with their live parameters,
-    /// as the grammars have them: the files that exist).
-    native_branch: Option<(Grammar, Value)>,
-}
-
-impl StepGrammars {
-    fn new(specs: &[ToolSpec], config: &AgentConfig, syntax: &CallSyntax) -> Result<Self> {
-        Ok(Self {
-            normal: StepGrammar::new(specs, &config.tool_choice, config, syntax)?,
-            answer_only: StepGrammar::new(specs, &ToolChoice::None, config, syntax)?,
-            call_only: (config.tool_choice == ToolChoice::Auto && !specs.is_empty())
-                .then(|| StepGrammar::new(specs, &ToolChoice::Required, config, syntax))
-                .transpose()?,
-            more_calls: (config.propose_more_calls
-                && config.format == DecisionFormat::Native
-                && syntax.max_calls(config.decision.parallel_calls.unwrap_or(1)) > 1
-                && !specs.is_empty()
-                && config.tool_choice != ToolChoice::None)
-                .then(|| {
-                    native::native_extension_grammar(specs, &config.tool_choice, &config.decision, syntax)
-                        .map(Grammar::Lark)
-                })
-                .transpose()?,
-            native_branch: (config.native_branch
-                && config.format == DecisionFormat::React
-                && config.tool_choice == ToolChoice::Auto
-                && !specs.is_empty())
-            .then(|| {
-                let grammar = native::native_grammar(specs, &ToolChoice::Auto, &config.decision, syntax)?;
-                Ok::<_, Error>((Grammar::Lark(grammar), native::tools_value(specs)))
-            })
-            .transpose()?,
-        })
-    }
-
-    fn pick(&self, forced_call: bool, force_answer: bool) -> &StepGrammar {
-        match (&self.call_only, forced_call, force_answer) {
-            (_, _, true) => &self.answer_only,
-            (Some(required), true, _) => required,
-            _ => &self.normal,
-        }
-    }
 }
 
 impl Agent {
@@ -564,6 +508,9 @@ impl Agent {
                 Ok(o) => o,
                 // A generation stopped by the cancel handle (thinking returns no partial decision).
                 Err(_) if crate::limits::interrupted() => return Ok(Attempt::Stop(StopReason::Interrupted)),
+                Err(Error::EndpointDown { endpoint, problem }) => {
+                    return Ok(Attempt::Stop(StopReason::EndpointDown { endpoint, problem }))
+                }
                 Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
             };
             if crate::limits::interrupted() {

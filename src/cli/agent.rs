@@ -16,7 +16,7 @@ use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
 use reagent::tools::{builtin_tools, read_tools_file, BuiltinOptions, Tool};
 use reagent::Sampling;
 
-use super::args::{EvalArgs, RunArgs, RunOptions};
+use super::args::{EvalArgs, RemoteArgs, RunArgs, RunOptions};
 use super::{display, load, stdout_failed, INTERRUPTED_EXIT};
 
 /// `reagent run`: one task; events go to stderr (or stdout as JSON lines), the answer to stdout.
@@ -51,8 +51,8 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         (Some(path), Some(r)) => Some(EventLog::append(path, r.bytes)?),
         _ => a.trace.as_deref().map(EventLog::create).transpose()?,
     };
-    let (driver, model_id) = match &a.remote.endpoint {
-        Some(url) => remote_driver(url, &a.remote, &a.opts)?,
+    let (driver, model_id) = match one_endpoint(&a.remote, "run")? {
+        Some(url) => remote_driver(url, &a.remote, a.opts.model.model.as_deref())?,
         None => {
             let (d, id) = run_driver(&a.opts)?;
             (Box::new(d) as Box<dyn Driver>, id)
@@ -60,20 +60,8 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     };
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
-    if a.remote.endpoint.is_some() {
-        // What needs the model's scores is not applied over HTTP: said once, where the settings ask for it.
-        let mut unapplied = Vec::new();
-        if config.branch_biases.call != 0.0 {
-            unapplied.push(format!("call bias {}", config.branch_biases.call));
-        }
-        if let Some(s) = config.min_support {
-            unapplied.push(format!("min support {s}"));
-        }
-        let note = match unapplied.is_empty() {
-            true => String::new(),
-            false => format!("; not applied remotely: {}", unapplied.join(", ")),
-        };
-        eprintln!("model: {model_id}{note}");
+    if !a.remote.endpoint.is_empty() {
+        eprintln!("model: {model_id}{}", unapplied_remotely(&config));
     }
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     let header = reagent::agent::TraceHeader::new(
@@ -154,16 +142,42 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     })
 }
 
-/// The driver of a model served at `url`, and its description for a trace header.
-fn remote_driver(url: &str, r: &super::args::RemoteArgs, o: &RunOptions) -> Result<(Box<dyn Driver>, String)> {
+/// The one `--endpoint` of a command that takes at most one.
+pub(super) fn one_endpoint<'a>(r: &'a RemoteArgs, command: &str) -> Result<Option<&'a str>> {
+    match r.endpoint.as_slice() {
+        [] => Ok(None),
+        [url] => Ok(Some(url)),
+        [..] => bail!("--endpoint: `{command}` takes one (`eval` spreads its tasks over several)"),
+    }
+}
+
+/// What the decision settings ask for that needs the model's scores, which a server does not return:
+/// `; not applied remotely: …`, or nothing.
+pub(super) fn unapplied_remotely(config: &AgentConfig) -> String {
+    let mut unapplied = Vec::new();
+    if config.branch_biases.call != 0.0 {
+        unapplied.push(format!("call bias {}", config.branch_biases.call));
+    }
+    if let Some(s) = config.min_support {
+        unapplied.push(format!("min support {s}"));
+    }
+    match unapplied.is_empty() {
+        true => String::new(),
+        false => format!("; not applied remotely: {}", unapplied.join(", ")),
+    }
+}
+
+/// The driver of a model served at `url` (`model`: --model, naming the served model unless
+/// --served-model does), and its description for a trace header.
+pub(super) fn remote_driver(url: &str, r: &RemoteArgs, model: Option<&str>) -> Result<(Box<dyn Driver>, String)> {
     if !(r.request_timeout > 0.0 && r.request_timeout <= 86_400.0) {
         bail!("--request-timeout: give a number of seconds above 0, at most a day");
     }
-    let name = r.served_model.clone().or_else(|| o.model.model.clone()).unwrap_or_else(|| "default".into());
+    let name = r.served_model.as_deref().or(model).unwrap_or("default").to_string();
     let constraint: reagent::agent::RemoteConstraint = r.constraint.parse()?;
     let timeout = std::time::Duration::from_secs_f64(r.request_timeout);
     // A catalog name in --model: its run settings apply (but for those that need the model's scores).
-    let entry = o.model.model.as_deref().and_then(|m| reagent::catalog::Catalog::builtin().get(m).cloned());
+    let entry = model.and_then(|m| reagent::catalog::Catalog::builtin().get(m).cloned());
     let driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?
         .api_key(r.api_key.clone())
         .catalog_entry(entry);
@@ -290,6 +304,13 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     // Loaded in dry runs too: a task's `tools` are offered (not run) under their own descriptions.
     let mut tools = builtin_tools(&BuiltinOptions::default().root(a.agent.root.clone()))?;
     add_file_and_mcp_tools(&mut tools, &a.agent.tools, &a.agent.mcp)?;
+    if !done.is_empty() {
+        eprintln!("resuming: {} tasks already in {}", done.len(), a.out.display());
+    }
+    let profile = if a.dry_run { Profile::SingleDecision } else { Profile::Run };
+    if !a.remote.endpoint.is_empty() {
+        return eval_remote(&a, opts, &todo, &tools, out, previous, profile);
+    }
     let model = load(&a.model)?;
     // With batch invariance a prefix loaded or kept gives the same bits as one computed with the task:
     // the prompt cache and the KV cache across tasks change no result, only the time.
@@ -306,20 +327,10 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
         driver = driver.without_speculation();
     }
     let driver: Box<dyn Driver> = Box::new(driver);
-    let profile = if a.dry_run { Profile::SingleDecision } else { Profile::Run };
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
     eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref()));
-    let total = opts.limit.map_or(todo.len(), |l| l.min(todo.len()));
-    let pb = indicatif::ProgressBar::new(total as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} tasks, {msg}, ETA {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    if !done.is_empty() {
-        eprintln!("resuming: {} tasks already in {}", done.len(), a.out.display());
-    }
+    let pb = eval_progress(opts.limit.map_or(todo.len(), |l| l.min(todo.len())));
     let t0 = Instant::now();
     let (_, results) = run_eval(driver, &todo, &tools, &opts, &mut out, &mut |n, _| {
         pb.set_position(n as u64);
@@ -327,7 +338,71 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     })?;
     pb.finish_and_clear();
     previous.extend(results);
-    let s = Summary::of(&previous);
+    eval_end(&a, &previous)
+}
+
+/// `reagent eval --endpoint URL…`: the tasks spread over the servers, `--concurrency` at once.
+fn eval_remote(
+    a: &EvalArgs,
+    mut opts: EvalOptions,
+    todo: &[reagent::eval::EvalTask],
+    tools: &[Arc<dyn Tool>],
+    mut out: BufWriter<File>,
+    mut previous: Vec<reagent::eval::TaskResult>,
+    profile: Profile,
+) -> Result<()> {
+    let endpoints = &a.remote.endpoint;
+    let concurrency = a.concurrency.unwrap_or(endpoints.len());
+    if !(1..=256).contains(&concurrency) {
+        bail!("--concurrency: give 1 to 256 tasks at once");
+    }
+    let mut workers = Vec::with_capacity(concurrency);
+    let mut model_id = String::new();
+    for i in 0..concurrency {
+        let endpoint = i % endpoints.len();
+        let (driver, id) = remote_driver(&endpoints[endpoint], &a.remote, a.model.model.as_deref())?;
+        if i == 0 {
+            let entry = driver.catalog_entry();
+            a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
+            eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref()));
+            model_id = id;
+        }
+        workers.push(reagent::eval::Worker { endpoint: endpoints[endpoint].clone(), driver });
+    }
+    let more = match endpoints.len() {
+        1 => String::new(),
+        n => format!(" and {} more endpoints", n - 1),
+    };
+    eprintln!("model: {model_id}{more}, {concurrency} tasks at once{}", unapplied_remotely(&opts.agent));
+    let pb = eval_progress(opts.limit.map_or(todo.len(), |l| l.min(todo.len())));
+    let t0 = Instant::now();
+    let progress = |n: usize, _| {
+        pb.set_position(n as u64);
+        pb.set_message(format!("{:.1} tasks/min", n as f64 * 60.0 / t0.elapsed().as_secs_f64().max(1e-9)));
+    };
+    let failed_over = |endpoint: &str, task: &str, e: &reagent::Error| {
+        pb.suspend(|| eprintln!("warning: {endpoint} failed task `{task}` ({e}); it goes to another endpoint"))
+    };
+    let results = reagent::eval::run_eval_spread(workers, todo, tools, &opts, &mut out, &progress, &failed_over);
+    pb.finish_and_clear();
+    previous.extend(results?);
+    eval_end(a, &previous)
+}
+
+/// The progress bar of an eval of `total` tasks.
+fn eval_progress(total: usize) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(total as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} tasks, {msg}, ETA {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb
+}
+
+/// The summary of every task in the results file, printed and written where --summary-json says.
+fn eval_end(a: &EvalArgs, results: &[reagent::eval::TaskResult]) -> Result<()> {
+    let s = Summary::of(results);
     display::eval_summary(&s);
     if let Some(p) = &a.summary_json {
         std::fs::write(p, serde_json::to_string_pretty(&s)? + "\n")

@@ -134,6 +134,11 @@ pub(crate) struct EvalArgs {
     /// (`REAGENT_BATCH_INVARIANT`), so that no result depends on it.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) no_prompt_cache: bool,
+    /// Tasks run at once, spread over the --endpoint servers in turn (default: one per endpoint).
+    #[arg(long, value_name = "N", requires = "endpoint", help_heading = "Remote model")]
+    pub(crate) concurrency: Option<usize>,
+    #[command(flatten)]
+    pub(crate) remote: RemoteArgs,
     #[command(flatten)]
     pub(crate) agent: AgentArgs,
 }
@@ -167,9 +172,10 @@ pub(crate) struct RunArgs {
 #[derive(Args)]
 pub(crate) struct RemoteArgs {
     /// Make the decisions on this OpenAI-compatible server (its API base, `http://host:8080/v1`: vLLM,
-    /// SGLang, llama.cpp's server, `reagent serve`); the tools still run here.
+    /// SGLang, llama.cpp's server, `reagent serve`); the tools still run here. `eval` takes it more than
+    /// once: the tasks are spread over the servers, and a task whose server fails goes to another.
     #[arg(long, value_name = "URL", help_heading = "Remote model")]
-    pub(crate) endpoint: Option<String>,
+    pub(crate) endpoint: Vec<String>,
     /// The served model's name (sent as `model`; default: --model's, else `default`).
     #[arg(long, value_name = "NAME", requires = "endpoint", help_heading = "Remote model")]
     pub(crate) served_model: Option<String>,
@@ -192,6 +198,8 @@ pub(crate) struct ChatArgs {
     /// Continue a conversation saved with /save: its turns are kept as they were (no call is made again).
     #[arg(long, value_name = "FILE")]
     pub(crate) resume: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) remote: RemoteArgs,
     #[command(flatten)]
     pub(crate) opts: RunOptions,
 }

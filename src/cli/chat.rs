@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use reagent::agent::{Agent, AgentEvent, Driver, Profile, Session, StopReason};
 use reagent::limits::Cancel;
 
-use super::agent::{run_config, run_driver, run_tools};
+use super::agent::{one_endpoint, remote_driver, run_config, run_driver, run_tools, unapplied_remotely};
 use super::args::ChatArgs;
 use super::display;
 
@@ -31,10 +31,18 @@ const HELP: &str = "\
 pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
     let mut config = run_config(&a.opts)?;
     let tools = run_tools(&a.opts)?;
-    let (driver, _) = run_driver(&a.opts)?;
-    let driver = driver.with_recent_prefixes(RECENT_PREFIX_BYTES);
+    let (driver, remote): (Box<dyn Driver>, _) = match one_endpoint(&a.remote, "chat")? {
+        Some(url) => {
+            let (driver, id) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
+            (driver, Some(id))
+        }
+        None => (Box::new(run_driver(&a.opts)?.0.with_recent_prefixes(RECENT_PREFIX_BYTES)), None),
+    };
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
+    if let Some(id) = remote {
+        eprintln!("model: {id}{}", unapplied_remotely(&config));
+    }
     let colour = std::io::stderr().is_terminal();
     // On a terminal an answer in the model's own words shows as it is generated; piped, each answer is
     // one whole line.
@@ -50,7 +58,8 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
             display::show_event(e, colour)
         }
     };
-    let mut builder = Agent::builder().driver(driver).tools(tools).config(config).cancel(cancel.clone()).events(events);
+    let mut builder =
+        Agent::builder().boxed_driver(driver).tools(tools).config(config).cancel(cancel.clone()).events(events);
     if let Some(live) = live.clone() {
         builder = builder.answer_text(move |t| live.piece(t));
     }

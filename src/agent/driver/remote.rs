@@ -155,7 +155,7 @@ impl RemoteDriver {
     }
 
     /// Posts `body` to `/chat/completions`; the response's JSON. Transport errors, 429s and 5xxs are
-    /// tried again; a 4xx is not.
+    /// tried again, then are [`Error::EndpointDown`]; a 4xx is not tried again.
     fn post(&self, body: &Value) -> Result<Value> {
         let url = format!("{}/chat/completions", self.base);
         let fail = |problem: String| Error::Remote { endpoint: self.base.clone(), problem };
@@ -184,7 +184,7 @@ impl RemoteDriver {
             };
             if attempt >= self.retries {
                 let tries = if attempt == 0 { String::new() } else { format!(" (after {} attempts)", attempt + 1) };
-                return Err(fail(format!("{problem}{tries}")));
+                return Err(Error::EndpointDown { endpoint: self.base.clone(), problem: format!("{problem}{tries}") });
             }
             attempt += 1;
             std::thread::sleep(wait);

@@ -9,7 +9,7 @@ use super::super::native::{self, CallSyntax};
 use super::super::{Agent, AgentConfig};
 use super::checks::Failure;
 use crate::decode::constraint::Grammar;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tools::{ToolCall, ToolSpec};
 
 /// The grammar of one step's decisions, with the compiled validator of a ReAct schema.
@@ -127,4 +127,60 @@ impl Agent {
 /// The decision JSON as the conversation keeps it (compact; free-form prose around it is dropped).
 pub(super) fn decision_value(text: &str) -> Value {
     driver::extract_json(text).unwrap_or(Value::Null)
+}
+
+/// The grammars a step chooses from.
+pub(super) struct StepGrammars {
+    /// The run's tool choice.
+    pub(super) normal: StepGrammar,
+    /// Answers only: after a repeated call is refused, an `auto` run must answer.
+    pub(super) answer_only: StepGrammar,
+    /// Calls only (under `auto`): the first step where a call is required, or the step after an error
+    /// where the settings ask for a call.
+    pub(super) call_only: Option<StepGrammar>,
+    /// One more call after a decision's calls, when the settings propose more calls.
+    pub(super) more_calls: Option<Grammar>,
+    /// A native decision's grammar under `auto`, whose first token the model's call score is read at
+    /// ([`AgentConfig::native_branch`]), and the tools its template renders (with their live parameters,
+    /// as the grammars have them: the files that exist).
+    pub(super) native_branch: Option<(Grammar, Value)>,
+}
+
+impl StepGrammars {
+    pub(super) fn new(specs: &[ToolSpec], config: &AgentConfig, syntax: &CallSyntax) -> Result<Self> {
+        Ok(Self {
+            normal: StepGrammar::new(specs, &config.tool_choice, config, syntax)?,
+            answer_only: StepGrammar::new(specs, &ToolChoice::None, config, syntax)?,
+            call_only: (config.tool_choice == ToolChoice::Auto && !specs.is_empty())
+                .then(|| StepGrammar::new(specs, &ToolChoice::Required, config, syntax))
+                .transpose()?,
+            more_calls: (config.propose_more_calls
+                && config.format == DecisionFormat::Native
+                && syntax.max_calls(config.decision.parallel_calls.unwrap_or(1)) > 1
+                && !specs.is_empty()
+                && config.tool_choice != ToolChoice::None)
+                .then(|| {
+                    native::native_extension_grammar(specs, &config.tool_choice, &config.decision, syntax)
+                        .map(Grammar::Lark)
+                })
+                .transpose()?,
+            native_branch: (config.native_branch
+                && config.format == DecisionFormat::React
+                && config.tool_choice == ToolChoice::Auto
+                && !specs.is_empty())
+            .then(|| {
+                let grammar = native::native_grammar(specs, &ToolChoice::Auto, &config.decision, syntax)?;
+                Ok::<_, Error>((Grammar::Lark(grammar), native::tools_value(specs)))
+            })
+            .transpose()?,
+        })
+    }
+
+    pub(super) fn pick(&self, forced_call: bool, force_answer: bool) -> &StepGrammar {
+        match (&self.call_only, forced_call, force_answer) {
+            (_, _, true) => &self.answer_only,
+            (Some(required), true, _) => required,
+            _ => &self.normal,
+        }
+    }
 }

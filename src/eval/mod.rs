@@ -31,6 +31,9 @@ use crate::error::{Error, Result};
 use crate::text::chat::ChatMessage;
 use crate::tools::{FnTool, Tool, ToolError, ToolSpec};
 
+mod spread;
+pub use spread::{run_eval_spread, Worker};
+
 /// One expected call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExpectedCall {
@@ -410,38 +413,10 @@ pub fn run_eval(
         if crate::limits::interrupted() {
             break;
         }
-        let (specs, bound) = task_tools(task, tools, opts.dry_run);
-        let config = task_config(opts, specs.as_ref().is_ok_and(|s| s.is_empty()));
-        let t0 = Instant::now();
-        // A task the settings cannot run (a tool the eval does not provide, `--tool-choice NAME` and a task
-        // without NAME) gets a result line saying so, and the eval goes on; checked before the driver,
-        // which holds the loaded model, is handed over.
-        let result = match specs.and_then(|specs| runnable(specs, &config)) {
-            Err(e) => invalid_task_result(task, &e),
-            Ok(specs) => {
-                if !opts.reuse_across_tasks {
-                    driver.forget();
-                }
-                let mut builder = Agent::builder().boxed_driver(driver).tools(bound).config(config);
-                if let Some(log) = &opts.events {
-                    builder = builder.events(log.for_task(&task.id));
-                }
-                let mut agent = builder.build()?;
-                let messages = match (&task.messages, &task.question) {
-                    (Some(m), _) => m.clone(),
-                    (None, Some(q)) => vec![ChatMessage::user(q.clone())],
-                    (None, None) => unreachable!("checked by load_tasks"),
-                };
-                let transcript = agent.run_conversation(&messages);
-                driver = agent.into_driver();
-                let t = transcript?;
-                // An interrupted task is not recorded: a resumed eval runs it again.
-                if t.stop_reason == StopReason::Interrupted {
-                    break;
-                }
-                task_result(task, &t, &specs, opts.dry_run, t0.elapsed().as_secs_f64())?
-            }
-        };
+        let (back, result) = run_task(driver, task, tools, opts)?;
+        driver = back;
+        // An interrupted task is not recorded: a resumed eval runs it again.
+        let Some(result) = result? else { break };
         write_line(out, &result)?;
         if let Some(e) = opts.events.as_ref().and_then(EventLog::take_error) {
             return Err(e);
@@ -450,6 +425,52 @@ pub fn run_eval(
         progress(results.len(), total);
     }
     Ok((driver, results))
+}
+
+/// What one task gave: its result, `None` when it was interrupted (not recorded), or the error that
+/// stopped it.
+type TaskOutcome = Result<Option<TaskResult>>;
+
+/// Runs one task on `driver` and hands the driver back with the task's outcome; an error outside the
+/// outcome lost the driver.
+fn run_task(
+    mut driver: Box<dyn Driver>,
+    task: &EvalTask,
+    tools: &[Arc<dyn Tool>],
+    opts: &EvalOptions,
+) -> Result<(Box<dyn Driver>, TaskOutcome)> {
+    let (specs, bound) = task_tools(task, tools, opts.dry_run);
+    let config = task_config(opts, specs.as_ref().is_ok_and(|s| s.is_empty()));
+    let t0 = Instant::now();
+    // A task the settings cannot run (a tool the eval does not provide, `--tool-choice NAME` and a task
+    // without NAME) gets a result line saying so, and the eval goes on; checked before the driver, which
+    // holds the loaded model, is handed over.
+    let specs = match specs.and_then(|specs| runnable(specs, &config)) {
+        Err(e) => return Ok((driver, Ok(Some(invalid_task_result(task, &e))))),
+        Ok(specs) => specs,
+    };
+    if !opts.reuse_across_tasks {
+        driver.forget();
+    }
+    let mut builder = Agent::builder().boxed_driver(driver).tools(bound).config(config);
+    if let Some(log) = &opts.events {
+        builder = builder.events(log.for_task(&task.id));
+    }
+    let mut agent = builder.build()?;
+    let messages = match (&task.messages, &task.question) {
+        (Some(m), _) => m.clone(),
+        (None, Some(q)) => vec![ChatMessage::user(q.clone())],
+        (None, None) => unreachable!("checked by load_tasks"),
+    };
+    let transcript = agent.run_conversation(&messages);
+    let driver = agent.into_driver();
+    let outcome = transcript.and_then(|t| match t.stop_reason {
+        StopReason::Interrupted => Ok(None),
+        // Not the task's result: the eval stops (or tries another server), and a resumed one runs it.
+        StopReason::EndpointDown { endpoint, problem } => Err(Error::EndpointDown { endpoint, problem }),
+        _ => task_result(task, &t, &specs, opts.dry_run, t0.elapsed().as_secs_f64()).map(Some),
+    });
+    Ok((driver, outcome))
 }
 
 /// A task's tool specs, or why the task cannot be run.

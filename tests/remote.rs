@@ -1,0 +1,185 @@
+//! The agent on models served over HTTP: an eval spread over several `reagent serve` replicas (the same
+//! results as one; every task once when a replica dies mid-run), from the library and the CLI.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::tiny_long_path;
+use reagent::agent::{AgentConfig, Driver, ModelDriver, RemoteConstraint, RemoteDriver, ToolChoice};
+use reagent::eval::{load_tasks, run_eval_spread, EvalOptions, EvalTask, TaskResult, Worker};
+use reagent::model::Arch;
+use reagent::serve::{ServeOptions, Server};
+use reagent::{LoadOptions, Model, Sampling};
+
+fn replica() -> Server {
+    let model = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+    let driver = ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap();
+    Server::start(driver, ServeOptions::default().host("127.0.0.1".into()).port(0)).unwrap()
+}
+
+fn url(s: &Server) -> String {
+    format!("http://{}/v1", s.addr())
+}
+
+/// A loopback URL nothing listens on.
+fn dead_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}/v1", l.local_addr().unwrap())
+}
+
+fn tasks(n: usize) -> Vec<EvalTask> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/eval_tasks.jsonl");
+    load_tasks(&path).unwrap().into_iter().take(n).collect()
+}
+
+/// `concurrency` workers over `endpoints` in turn, retrying quickly.
+fn workers(endpoints: &[String], concurrency: usize) -> Vec<Worker> {
+    (0..concurrency)
+        .map(|i| {
+            let endpoint = i % endpoints.len();
+            let driver =
+                RemoteDriver::new(&endpoints[endpoint], "tiny", RemoteConstraint::Grammar, Duration::from_secs(60))
+                    .unwrap()
+                    .retries(1, Duration::from_millis(50));
+            Worker { endpoint: endpoints[endpoint].clone(), driver: Box::new(driver) as Box<dyn Driver> }
+        })
+        .collect()
+}
+
+fn dry_run() -> EvalOptions {
+    EvalOptions::default().dry_run(true).agent(AgentConfig::default().tool_choice(ToolChoice::Required))
+}
+
+/// What a result says: its calls and answer, by task.
+fn outcomes(results: &[TaskResult]) -> BTreeMap<String, String> {
+    results.iter().map(|r| (r.id.clone(), format!("{:?} {:?} {}", r.calls, r.final_answer, r.stop_reason))).collect()
+}
+
+#[test]
+fn an_eval_spread_over_two_replicas_gives_the_results_of_one() {
+    let (a, b) = (replica(), replica());
+    let tasks = tasks(10);
+    let run = |endpoints: &[String], concurrency: usize| {
+        let mut out = Vec::new();
+        let results = run_eval_spread(
+            workers(endpoints, concurrency),
+            &tasks,
+            &[],
+            &dry_run(),
+            &mut out,
+            &|_, _| {},
+            &|endpoint, task, e| panic!("{endpoint} failed {task}: {e}"),
+        )
+        .unwrap();
+        let lines = String::from_utf8(out).unwrap();
+        assert_eq!(lines.lines().count(), tasks.len(), "one line per task");
+        results
+    };
+    let one = run(&[url(&a)], 1);
+    let two = run(&[url(&a), url(&b)], 4);
+    assert_eq!(one.len(), tasks.len());
+    assert_eq!(outcomes(&two), outcomes(&one));
+    // Not a run in which nothing was decided.
+    assert!(one.iter().any(|r| !r.calls.is_empty()), "{:?}", outcomes(&one));
+}
+
+#[test]
+fn a_replica_that_dies_mid_eval_leaves_every_task_done_once() {
+    let a = replica();
+    let mut b = Some(replica());
+    let endpoints = [url(&a), url(b.as_ref().unwrap())];
+    let tasks = tasks(30);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let failed_over = Arc::new(Mutex::new(Vec::new()));
+    let seen = failed_over.clone();
+    let (eval_tasks, eval_endpoints) = (tasks.clone(), endpoints.clone());
+    let eval = std::thread::spawn(move || {
+        let done_tx = Mutex::new(done_tx);
+        let mut out = Vec::new();
+        let results = run_eval_spread(
+            workers(&eval_endpoints, 4),
+            &eval_tasks,
+            &[],
+            &dry_run(),
+            &mut out,
+            &|n, _| {
+                let _ = done_tx.lock().unwrap().send(n);
+            },
+            &|endpoint, task, _| seen.lock().unwrap().push((endpoint.to_string(), task.to_string())),
+        );
+        (results, String::from_utf8(out).unwrap())
+    });
+    // Replica b goes once two tasks are done.
+    while done_rx.recv_timeout(Duration::from_secs(120)).unwrap() < 2 {}
+    b.take().unwrap().shutdown();
+    let (results, lines) = eval.join().unwrap();
+    let results = results.unwrap();
+    let mut ids: Vec<String> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    let mut want: Vec<String> = tasks.iter().map(|t| t.id.clone()).collect();
+    want.sort();
+    assert_eq!(ids, want, "every task exactly once");
+    assert_eq!(results.len(), tasks.len());
+    let failed_over = failed_over.lock().unwrap();
+    assert!(!failed_over.is_empty(), "the dead replica's tasks went to the other");
+    assert!(failed_over.iter().all(|(e, _)| *e == endpoints[1]), "{failed_over:?}");
+}
+
+#[test]
+fn an_eval_no_endpoint_can_serve_stops_naming_the_task() {
+    let endpoints = [dead_url(), dead_url()];
+    let mut out = Vec::new();
+    let e = run_eval_spread(workers(&endpoints, 2), &tasks(3), &[], &dry_run(), &mut out, &|_, _| {}, &|_, _, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("failed on every endpoint"), "{e}");
+    assert!(out.is_empty());
+}
+
+/// The CLI: `reagent eval --endpoint A --endpoint DEAD --concurrency 3` does every task (on A), says which
+/// endpoint failed, and the results file holds each task once.
+#[test]
+fn the_cli_spreads_an_eval_and_fails_over() {
+    let a = replica();
+    let dir = common::scratch().join("remote-cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    let task_file = dir.join("tasks.jsonl");
+    let text =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/eval_tasks.jsonl"))
+            .unwrap();
+    std::fs::write(&task_file, text.lines().take(6).collect::<Vec<_>>().join("\n") + "\n").unwrap();
+    let out_file = dir.join("out.jsonl");
+    let dead = dead_url();
+    let out = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .args(["eval", task_file.to_str().unwrap(), "--dry-run", "--out", out_file.to_str().unwrap()])
+        .args(["--endpoint", &url(&a), "--endpoint", &dead, "--concurrency", "3", "--served-model", "tiny"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("warning: {dead} failed task")), "{stderr}");
+    assert!(stderr.contains("3 tasks at once"), "{stderr}");
+    let results = std::fs::read_to_string(&out_file).unwrap();
+    let mut ids: Vec<&str> = results.lines().map(|l| l.split('"').nth(3).unwrap()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 6, "{results}");
+    assert_eq!(results.lines().count(), 6);
+    // One endpoint is what `run` and `chat` take.
+    let out = Command::new(env!("CARGO_BIN_EXE_reagent"))
+        .args(["run", "hi", "--endpoint", &url(&a), "--endpoint", &dead])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("`run` takes one"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
