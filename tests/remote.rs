@@ -183,3 +183,43 @@ fn the_cli_spreads_an_eval_and_fails_over() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `reagent serve` logs a line per request on stderr, with its figures and never its content; `--quiet`
+/// logs none.
+#[test]
+fn the_server_logs_each_request_without_its_content() {
+    use std::io::{BufRead, Read, Write};
+    let model = tiny_long_path(Arch::Qwen2);
+    for quiet in [false, true] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_reagent"));
+        cmd.args(["serve", "--model", model.to_str().unwrap(), "--port", "0"]);
+        if quiet {
+            cmd.arg("--quiet");
+        }
+        let mut server = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let mut stderr = std::io::BufReader::new(server.stderr.take().unwrap());
+        let mut first = String::new();
+        stderr.read_line(&mut first).unwrap();
+        let addr = first.split("http://").nth(1).and_then(|r| r.split('/').next()).expect(&first).to_string();
+        let body = r#"{"messages": [{"role": "user", "content": "zebra-7431"}], "max_tokens": 4}"#;
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            c,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        server.kill().unwrap();
+        server.wait().unwrap();
+        let mut rest = String::new();
+        stderr.read_to_string(&mut rest).unwrap();
+        assert!(!rest.contains("zebra"), "{rest}");
+        match quiet {
+            false => assert!(rest.contains("request 1: ") && rest.contains(" generated, length, "), "{rest}"),
+            true => assert!(!rest.contains("request 1"), "{rest}"),
+        }
+    }
+}

@@ -75,6 +75,9 @@ pub(crate) struct ServeArgs {
     /// Connections open at once; more wait to be accepted.
     #[arg(long, default_value_t = 512, help_heading = ADVANCED)]
     pub(crate) max_connections: usize,
+    /// No line on stderr per request served (its tokens, how it ended, its time; never its content).
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
     /// Make tool calls with the single-decision settings (BFCL-shaped requests) instead of a run's.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) single_decision: bool,

@@ -119,7 +119,8 @@ pub(super) fn serve(a: ServeArgs) -> Result<()> {
         .profile(profile)
         .model_name(name.clone())
         .parallel_calls(a.parallel_calls)
-        .think_budget(a.think_budget);
+        .think_budget(a.think_budget)
+        .log_requests(!a.quiet);
     let server = Server::start(driver, opts)?;
     eprintln!("serving {name} on http://{}/v1 (Ctrl-C stops)", server.addr());
     super::stop_on_signals().scope(|| server.wait());

@@ -210,7 +210,7 @@ async fn responses(State(st): State<Shared>, headers: HeaderMap, body: Body) -> 
             match e {
                 Some(Event::Delta(text)) => pending.extend(events.text(&text)),
                 Some(Event::Done(c)) => {
-                    st.metrics.served(started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
+                    st.metrics.served(started.elapsed().as_secs_f64(), &c);
                     st.metrics.responded(200);
                     pending.extend(events.done(&c));
                 }
@@ -301,7 +301,7 @@ async fn completion(
             Some(Event::Failed(e)) => return Err(error(st, &e)),
             None => return Err(error(st, &ApiError::new(500, "server_error", "the model thread stopped"))),
             Some(Event::Done(c)) => {
-                st.metrics.served(started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
+                st.metrics.served(started.elapsed().as_secs_f64(), &c);
                 st.metrics.responded(200);
                 return Ok(c);
             }
@@ -353,7 +353,7 @@ impl Streaming {
                 self.pending.push_back(self.meta.chunk(json!({"content": text}), None).to_string());
             }
             Some(Event::Done(c)) => {
-                self.st.metrics.served(self.meta.started.elapsed().as_secs_f64(), c.prompt_tokens, c.completion_tokens);
+                self.st.metrics.served(self.meta.started.elapsed().as_secs_f64(), &c);
                 self.st.metrics.responded(200);
                 if let Some(r) = &c.reasoning {
                     self.pending.push_back(self.meta.chunk(json!({"reasoning_content": r}), None).to_string());

@@ -46,6 +46,9 @@ pub struct ServeOptions {
     /// Tokens of thinking before each tool decision, for models whose template thinks (`None`: the
     /// catalog's setting).
     pub think_budget: Option<usize>,
+    /// A line on stderr per request served: its tokens (prompt, cached, generated), how it ended and its
+    /// time. Never its content.
+    pub log_requests: bool,
 }
 
 impl Default for ServeOptions {
@@ -61,6 +64,7 @@ impl Default for ServeOptions {
             model_name: "reagent".into(),
             parallel_calls: None,
             think_budget: None,
+            log_requests: false,
         }
     }
 }
@@ -76,6 +80,7 @@ setters!(ServeOptions {
     model_name: String,
     parallel_calls: Option<usize>,
     think_budget: Option<usize>,
+    log_requests: bool,
 });
 
 /// Counters for `/metrics`.
@@ -89,6 +94,8 @@ pub(crate) struct Metrics {
     /// Seconds per served request: sum (microseconds) and count.
     micros: AtomicU64,
     served: AtomicU64,
+    /// Log each request served ([`ServeOptions::log_requests`]).
+    log: bool,
 }
 
 impl Metrics {
@@ -101,11 +108,17 @@ impl Metrics {
     pub(crate) fn responded(&self, status: u16) {
         *self.responses.lock().unwrap_or_else(|e| e.into_inner()).entry(status).or_default() += 1;
     }
-    pub(crate) fn served(&self, seconds: f64, prompt: usize, completion: usize) {
+    pub(crate) fn served(&self, seconds: f64, c: &worker::Completion) {
         self.micros.fetch_add((seconds * 1e6) as u64, Ordering::SeqCst);
-        self.served.fetch_add(1, Ordering::SeqCst);
-        self.prompt_tokens.fetch_add(prompt as u64, Ordering::SeqCst);
-        self.completion_tokens.fetch_add(completion as u64, Ordering::SeqCst);
+        let n = self.served.fetch_add(1, Ordering::SeqCst) + 1;
+        self.prompt_tokens.fetch_add(c.prompt_tokens as u64, Ordering::SeqCst);
+        self.completion_tokens.fetch_add(c.completion_tokens as u64, Ordering::SeqCst);
+        if self.log {
+            eprintln!(
+                "request {n}: {} prompt tokens ({} cached), {} generated, {}, {seconds:.2} s",
+                c.prompt_tokens, c.cached_tokens, c.completion_tokens, c.finish_reason
+            );
+        }
     }
 
     /// The Prometheus text format.
@@ -161,7 +174,7 @@ impl Server {
             .block_on(tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)))
             .map_err(|e| Error::param("host", format!("cannot listen on {}:{}: {e}", opts.host, opts.port)))?;
         let addr = listener.local_addr().map_err(|e| Error::param("host", e.to_string()))?;
-        let metrics = std::sync::Arc::new(Metrics::default());
+        let metrics = std::sync::Arc::new(Metrics { log: opts.log_requests, ..Metrics::default() });
         let (jobs, queue) = std::sync::mpsc::sync_channel(opts.queue);
         let worker = worker::Worker::new(driver, opts.profile, opts.parallel_calls, opts.think_budget, metrics.clone());
         // Cancelled at shutdown: the generation in progress ends between tokens.
