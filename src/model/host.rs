@@ -139,29 +139,149 @@ pub(crate) struct KvView<'a> {
     pub d: usize,
 }
 
+/// Query heads attended together at most: their sums stay in registers.
+const MAX_GROUP: usize = 8;
+
 /// Attention of the query at the last cached position: `q` is `heads × d` (already scaled), query head
 /// `h` reads KV head `h / (heads / kv_heads)`, and sees the last `window` positions (all without one).
-/// Writes `heads × d` into `out`. Heads are spread over the kernel pool.
+/// Writes `heads × d` into `out`. The query heads that read one KV head go in groups (at most
+/// [`MAX_GROUP`], enough groups for every thread of the kernel pool), each group reading the keys and
+/// values once; every head's arithmetic is `head`'s, so the result is the same bits however the heads
+/// are grouped.
 pub(crate) fn attend_one(q: &[f32], kv: &KvView<'_>, window: Option<usize>, out: &mut [f32]) {
     let d = kv.d;
     let heads = q.len() / d;
-    let rep = heads / kv.k.len();
+    let kv_heads = kv.k.len();
+    let rep = heads / kv_heads;
     let from = window.map_or(0, |w| kv.len.saturating_sub(w));
+    let parts = pool().threads().div_ceil(kv_heads).max(rep.div_ceil(MAX_GROUP)).min(rep);
+    let size = rep.div_ceil(parts);
+    let per_kv = rep.div_ceil(size);
     let out_addr = out.as_mut_ptr() as usize;
     let tier = Tier::best();
-    pool().for_chunks(heads, |range| {
-        let mut scores = Vec::with_capacity(kv.len - from);
-        for h in range {
-            let kh = h / rep;
-            // SAFETY: each head's `d` outputs are written by the one chunk that holds the head.
-            let o = unsafe { std::slice::from_raw_parts_mut((out_addr as *mut f32).add(h * d), d) };
+    pool().for_chunks(kv_heads * per_kv, |range| {
+        let mut scores = Vec::new();
+        for unit in range {
+            let kh = unit / per_kv;
+            let first = kh * rep + (unit % per_kv) * size;
+            let last = (first + size).min((kh + 1) * rep);
+            // SAFETY: each group's heads' outputs are written by the one chunk that holds the group.
+            let o =
+                unsafe { std::slice::from_raw_parts_mut((out_addr as *mut f32).add(first * d), (last - first) * d) };
             let (k, v) = (&kv.k[kh][from * d..kv.len * d], &kv.v[kh][from * d..kv.len * d]);
-            head(tier, &q[h * d..(h + 1) * d], k, v, &mut scores, o);
+            group(tier, d, &q[first * d..last * d], k, v, &mut scores, o);
         }
     });
 }
 
-/// One head: softmax of `q · k_j` over the positions of `k`, times `v`, into `out`.
+/// Query heads `q` (`n × d`, n ≤ [`MAX_GROUP`]) over the same keys and values: `head` for each, each key
+/// and value row read once for all of them.
+fn group(tier: Tier, d: usize, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    macro_rules! by_size {
+        ($f:ident) => {
+            match q.len() / d {
+                1 => $f::<1>(d, q, k, v, scores, out),
+                2 => $f::<2>(d, q, k, v, scores, out),
+                3 => $f::<3>(d, q, k, v, scores, out),
+                4 => $f::<4>(d, q, k, v, scores, out),
+                5 => $f::<5>(d, q, k, v, scores, out),
+                6 => $f::<6>(d, q, k, v, scores, out),
+                7 => $f::<7>(d, q, k, v, scores, out),
+                8 => $f::<8>(d, q, k, v, scores, out),
+                n => unreachable!("a group of {n} heads"),
+            }
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    match tier {
+        // SAFETY: the tier is one this CPU supports (`Tier::best`).
+        Tier::Avx512 => return unsafe { by_size!(group_avx512) },
+        Tier::Avx2 | Tier::AvxVnni => return unsafe { by_size!(group_avx2) },
+        Tier::Scalar => {}
+    }
+    let _ = tier;
+    by_size!(group_generic)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn group_avx512<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], s: &mut Vec<f32>, o: &mut [f32]) {
+    group_generic::<N>(d, q, k, v, s, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn group_avx2<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], s: &mut Vec<f32>, o: &mut [f32]) {
+    group_generic::<N>(d, q, k, v, s, o)
+}
+
+/// `head_generic` for `N` heads at once, in its order of operations for each head (the same dot
+/// products, the same running maximum and sum, each column's weighted sum over the positions in order
+/// from zero): bit for bit the same outputs.
+#[inline(always)]
+fn group_generic<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+    let len = k.len() / d;
+    scores.clear();
+    scores.resize(N * len, 0.0);
+    let mut max = [f32::NEG_INFINITY; N];
+    // Sixteen positions at a time where the CPU has AVX-512 (the same sums: see `scores16`).
+    let mut j0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if d % 16 == 0 && Tier::best() == Tier::Avx512 {
+        while j0 + 16 <= len {
+            for h in 0..N {
+                let s: &mut [f32; 16] = (&mut scores[h * len + j0..h * len + j0 + 16]).try_into().expect("16 scores");
+                // SAFETY: AVX-512F is there (`Tier::best`); `k` holds rows j0..j0+16 of `d` values.
+                unsafe { scores16(&q[h * d..(h + 1) * d], &k[j0 * d..(j0 + 16) * d], s) };
+                max[h] = s.iter().fold(max[h], |m, &x| m.max(x));
+            }
+            j0 += 16;
+        }
+    }
+    for (j, kj) in k.chunks_exact(d).enumerate().skip(j0) {
+        for h in 0..N {
+            let s = dot(&q[h * d..(h + 1) * d], kj);
+            max[h] = max[h].max(s);
+            scores[h * len + j] = s;
+        }
+    }
+    let mut z = [0f32; N];
+    for h in 0..N {
+        for s in scores[h * len..(h + 1) * len].iter_mut() {
+            *s = (*s - max[h]).exp();
+            z[h] += *s;
+        }
+    }
+    let mut col = 0;
+    while col + 16 <= d {
+        let mut acc = [[0f32; 16]; N];
+        for (j, row) in v.chunks_exact(d).enumerate() {
+            let r: &[f32; 16] = row[col..col + 16].try_into().expect("16 columns");
+            for h in 0..N {
+                let w = scores[h * len + j];
+                for i in 0..16 {
+                    acc[h][i] += w * r[i];
+                }
+            }
+        }
+        for h in 0..N {
+            out[h * d + col..h * d + col + 16].copy_from_slice(&acc[h]);
+        }
+        col += 16;
+    }
+    for h in 0..N {
+        let p = &scores[h * len..(h + 1) * len];
+        for c in col..d {
+            out[h * d + c] = p.iter().zip(v.chunks_exact(d)).map(|(&p, row)| p * row[c]).sum();
+        }
+        let inv = 1.0 / z[h];
+        out[h * d..(h + 1) * d].iter_mut().for_each(|o| *o *= inv);
+    }
+}
+
+#[cfg(test)]
+/// One head: softmax of `q · k_j` over the positions of `k`, times `v`, into `out` (the reference the
+/// grouped heads are checked against).
 fn head(tier: Tier, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match tier {
@@ -174,12 +294,14 @@ fn head(tier: Tier, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out:
     head_generic(q, k, v, scores, out)
 }
 
+#[cfg(test)]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn head_avx512(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
     head_generic(q, k, v, scores, out)
 }
 
+#[cfg(test)]
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
@@ -188,6 +310,7 @@ unsafe fn head_avx2(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out:
 
 /// Written for the compiler to vectorize: sixteen independent sums per dot product, whole rows of `v`
 /// added at a time. Compiled once per tier by the wrappers above.
+#[cfg(test)]
 #[inline(always)]
 fn head_generic(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
     let d = q.len();
@@ -222,6 +345,7 @@ fn head_generic(q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mu
 }
 
 /// `out[col..col+B] = Σ_j p[j] · v[j][col..col+B]` over the rows `v[j]` of `d` values.
+#[cfg(test)]
 #[inline(always)]
 fn weighted_rows<const B: usize>(p: &[f32], v: &[f32], d: usize, col: usize, out: &mut [f32]) {
     let mut acc = [0f32; B];
@@ -232,6 +356,59 @@ fn weighted_rows<const B: usize>(p: &[f32], v: &[f32], d: usize, col: usize, out
         }
     }
     out[col..col + B].copy_from_slice(&acc);
+}
+
+/// `dot(q, k_j)` for the sixteen rows `k_j` of `k` (`d` values each, `d` a multiple of 16), in `dot`'s
+/// order of operations: sixteen lanes of products summed over the row, then the lanes added in order. The
+/// rows' lane sums are transposed so that sixteen rows are reduced at once.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores16(q: &[f32], k: &[f32], out: &mut [f32; 16]) {
+    use std::arch::x86_64::*;
+    let d = q.len();
+    debug_assert!(d % 16 == 0 && k.len() == 16 * d);
+    let mut r = [_mm512_setzero_ps(); 16];
+    for c in (0..d).step_by(16) {
+        // SAFETY: `c + 16 <= d` and each row of `k` holds `d` values.
+        let qc = unsafe { _mm512_loadu_ps(q.as_ptr().add(c)) };
+        for (j, acc) in r.iter_mut().enumerate() {
+            let kc = unsafe { _mm512_loadu_ps(k.as_ptr().add(j * d + c)) };
+            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(qc, kc));
+        }
+    }
+    // Transpose: t[i] holds lane i of every row. Pairs of rows interleaved, then pairs of pairs (as
+    // doubles), then 128-bit lanes gathered across the four groups of four rows.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let (r0, r1, r2, r3) = (r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]);
+        let (t0, t1) = (_mm512_unpacklo_ps(r0, r1), _mm512_unpackhi_ps(r0, r1));
+        let (t2, t3) = (_mm512_unpacklo_ps(r2, r3), _mm512_unpackhi_ps(r2, r3));
+        let pd = _mm512_castps_pd;
+        let ps = _mm512_castpd_ps;
+        // u[4g + m], 128-bit lane L: column 4L + m of rows 4g..4g+4.
+        u[4 * g] = ps(_mm512_unpacklo_pd(pd(t0), pd(t2)));
+        u[4 * g + 1] = ps(_mm512_unpackhi_pd(pd(t0), pd(t2)));
+        u[4 * g + 2] = ps(_mm512_unpacklo_pd(pd(t1), pd(t3)));
+        u[4 * g + 3] = ps(_mm512_unpackhi_pd(pd(t1), pd(t3)));
+    }
+    let mut t = [_mm512_setzero_ps(); 16];
+    for m in 0..4 {
+        let y0 = _mm512_shuffle_f32x4::<0x88>(u[m], u[4 + m]);
+        let y1 = _mm512_shuffle_f32x4::<0xDD>(u[m], u[4 + m]);
+        let y2 = _mm512_shuffle_f32x4::<0x88>(u[8 + m], u[12 + m]);
+        let y3 = _mm512_shuffle_f32x4::<0xDD>(u[8 + m], u[12 + m]);
+        t[m] = _mm512_shuffle_f32x4::<0x88>(y0, y2);
+        t[4 + m] = _mm512_shuffle_f32x4::<0x88>(y1, y3);
+        t[8 + m] = _mm512_shuffle_f32x4::<0xDD>(y0, y2);
+        t[12 + m] = _mm512_shuffle_f32x4::<0xDD>(y1, y3);
+    }
+    // `dot`'s lane sum starts from -0.0, which adds nothing: lane 0, then lanes 1 to 15 in order.
+    let mut s = t[0];
+    for ti in &t[1..] {
+        s = _mm512_add_ps(s, *ti);
+    }
+    // SAFETY: `out` holds sixteen values.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
 }
 
 #[inline(always)]
@@ -290,6 +467,35 @@ mod tests {
                 }
                 for ((a, b), x) in g.iter().zip(&want).zip(&xs) {
                     assert!((a - b).abs() <= 1e-6 * (1.0 + b.abs()), "{tier:?} gelu {gelu} at {x}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// Heads attended in groups are bit for bit the heads attended one at a time, on every tier, for every
+    /// group size and head sizes with and without a tail of single columns.
+    #[test]
+    fn grouped_heads_are_the_heads_one_at_a_time() {
+        for d in [40, 64, 96, 136] {
+            let len = 37;
+            let val = |i: usize| ((i * 37 % 101) as f32 / 50.0) - 1.0;
+            let k: Vec<f32> = (0..len * d).map(|i| val(i + 3)).collect();
+            let v: Vec<f32> = (0..len * d).map(|i| val(i * 7 + 11)).collect();
+            for n in 1..=MAX_GROUP {
+                let q: Vec<f32> = (0..n * d).map(|i| val(i * 13 + 5) * 0.3).collect();
+                for tier in Tier::supported() {
+                    let mut grouped = vec![0f32; n * d];
+                    group(tier, d, &q, &k, &v, &mut Vec::new(), &mut grouped);
+                    for h in 0..n {
+                        let mut one = vec![0f32; d];
+                        head(tier, &q[h * d..(h + 1) * d], &k, &v, &mut Vec::new(), &mut one);
+                        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&grouped[h * d..(h + 1) * d]),
+                            bits(&one),
+                            "{tier:?}, d {d}, {n} heads, head {h}"
+                        );
+                    }
                 }
             }
         }
