@@ -227,7 +227,7 @@ fn group_generic<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], scor
     // Sixteen positions at a time where the CPU has AVX-512 (the same sums: see `scores16`).
     let mut j0 = 0;
     #[cfg(target_arch = "x86_64")]
-    if d % 16 == 0 && Tier::best() == Tier::Avx512 {
+    if d.is_multiple_of(16) && Tier::best() == Tier::Avx512 {
         while j0 + 16 <= len {
             for h in 0..N {
                 let s: &mut [f32; 16] = (&mut scores[h * len + j0..h * len + j0 + 16]).try_into().expect("16 scores");
@@ -366,7 +366,7 @@ fn weighted_rows<const B: usize>(p: &[f32], v: &[f32], d: usize, col: usize, out
 unsafe fn scores16(q: &[f32], k: &[f32], out: &mut [f32; 16]) {
     use std::arch::x86_64::*;
     let d = q.len();
-    debug_assert!(d % 16 == 0 && k.len() == 16 * d);
+    debug_assert!(d.is_multiple_of(16) && k.len() == 16 * d);
     let mut r = [_mm512_setzero_ps(); 16];
     for c in (0..d).step_by(16) {
         // SAFETY: `c + 16 <= d` and each row of `k` holds `d` values.
