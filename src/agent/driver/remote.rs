@@ -65,6 +65,9 @@ pub struct RemoteDriver {
     backoff: Duration,
     /// The catalog's entry for the served model, whose settings then apply (those that need no scores).
     entry: Option<crate::catalog::CatalogEntry>,
+    /// The schema goes as `{"type": "json_object", "schema": …}` (llama-cpp-python's server, which refuses
+    /// `json_schema`): switched to after the first refusal that names the type.
+    schema_in_json_object: bool,
 }
 
 impl std::fmt::Debug for RemoteDriver {
@@ -87,7 +90,17 @@ impl RemoteDriver {
         }
         let http = ureq::AgentBuilder::new().timeout(timeout).build();
         let (retries, backoff) = (2, Duration::from_millis(500));
-        Ok(Self { base, model: model.into(), api_key: None, constraint, http, retries, backoff, entry: None })
+        Ok(Self {
+            base,
+            model: model.into(),
+            api_key: None,
+            constraint,
+            http,
+            retries,
+            backoff,
+            entry: None,
+            schema_in_json_object: false,
+        })
     }
 
     /// Sent as `Authorization: Bearer KEY`.
@@ -139,10 +152,13 @@ impl RemoteDriver {
                 if let Some(m) = schema.as_object_mut() {
                     m.remove("x-guidance");
                 }
-                o.insert(
-                    "response_format".into(),
-                    json!({"type": "json_schema", "json_schema": {"name": "decision", "schema": schema, "strict": true}}),
-                );
+                let format = match self.schema_in_json_object {
+                    true => json!({"type": "json_object", "schema": schema}),
+                    false => {
+                        json!({"type": "json_schema", "json_schema": {"name": "decision", "schema": schema, "strict": true}})
+                    }
+                };
+                o.insert("response_format".into(), format);
             }
             (c, g) => {
                 return Err(Error::param(
@@ -219,11 +235,21 @@ impl Driver for RemoteDriver {
     }
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
-        if req.think_budget > 0 {
-            return Err(Error::param("think budget", "not available on a remote model"));
-        }
         let body = self.body(req.messages, Some(req.grammar), req.max_tokens)?;
-        self.complete(&body, Instant::now())
+        match self.complete(&body, Instant::now()) {
+            // A server that takes a schema only as a `json_object` says so naming the types it knows: the
+            // schema goes that way from here on.
+            Err(Error::Remote { problem, .. } | Error::EndpointDown { problem, .. })
+                if self.constraint == RemoteConstraint::JsonSchema
+                    && !self.schema_in_json_object
+                    && problem.contains("json_object") =>
+            {
+                self.schema_in_json_object = true;
+                let body = self.body(req.messages, Some(req.grammar), req.max_tokens)?;
+                self.complete(&body, Instant::now())
+            }
+            done => done,
+        }
     }
 
     fn answer(
