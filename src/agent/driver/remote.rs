@@ -235,6 +235,9 @@ impl Driver for RemoteDriver {
     }
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
+        if req.think_budget > 0 {
+            return Err(Error::param("think budget", "not available on a remote model"));
+        }
         let body = self.body(req.messages, Some(req.grammar), req.max_tokens)?;
         match self.complete(&body, Instant::now()) {
             // A server that takes a schema only as a `json_object` says so naming the types it knows: the
@@ -308,6 +311,26 @@ mod tests {
 
     fn driver(c: RemoteConstraint) -> RemoteDriver {
         RemoteDriver::new("http://127.0.0.1:9/v1/", "m", c, Duration::from_secs(1)).unwrap()
+    }
+
+    /// Thinking needs the model's own template: a remote decision with a think budget is refused before
+    /// anything is sent (the driver's endpoint takes no connection).
+    #[test]
+    fn a_think_budget_is_refused() {
+        let g = Grammar::JsonSchema(json!({"type": "object"}));
+        let msgs = [ChatMessage::user("u")];
+        let req = DecisionRequest {
+            messages: &msgs,
+            grammar: &g,
+            tools: None,
+            format: crate::agent::DecisionFormat::React,
+            biases: Default::default(),
+            max_tokens: 8,
+            attempt: 0,
+            think_budget: 16,
+        };
+        let e = driver(RemoteConstraint::Grammar).decide(&req).unwrap_err().to_string();
+        assert!(e.contains("think budget") && e.contains("remote"), "{e}");
     }
 
     #[test]
