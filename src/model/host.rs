@@ -200,43 +200,61 @@ fn group(tier: Tier, d: usize, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec
         Tier::Scalar => {}
     }
     let _ = tier;
-    by_size!(group_generic)
+    by_size!(group_portable)
+}
+
+fn group_portable<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], s: &mut Vec<f32>, o: &mut [f32]) {
+    group_generic::<N>(d, q, k, v, s, o, no_scores16)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn group_avx512<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], s: &mut Vec<f32>, o: &mut [f32]) {
-    group_generic::<N>(d, q, k, v, s, o)
+    // SAFETY: AVX-512F is there: this function's own target feature, which the caller checked.
+    group_generic::<N>(d, q, k, v, s, o, |q, k, s| unsafe { scores16(q, k, s) })
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn group_avx2<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], s: &mut Vec<f32>, o: &mut [f32]) {
-    group_generic::<N>(d, q, k, v, s, o)
+    group_generic::<N>(d, q, k, v, s, o, no_scores16)
+}
+
+/// The tiers without sixteen-row scores: each row's dot product on its own.
+fn no_scores16(_: &[f32], _: &[f32], _: &mut [f32; 16]) -> bool {
+    false
 }
 
 /// `head_generic` for `N` heads at once, in its order of operations for each head (the same dot
 /// products, the same running maximum and sum, each column's weighted sum over the positions in order
 /// from zero): bit for bit the same outputs.
+/// `scores16(q, k, s)` writes the scores of sixteen rows at once where the tier can (and says so), in
+/// `dot`'s order of operations.
 #[inline(always)]
-fn group_generic<const N: usize>(d: usize, q: &[f32], k: &[f32], v: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+fn group_generic<const N: usize>(
+    d: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+    scores16: impl Fn(&[f32], &[f32], &mut [f32; 16]) -> bool,
+) {
     let len = k.len() / d;
     scores.clear();
     scores.resize(N * len, 0.0);
     let mut max = [f32::NEG_INFINITY; N];
-    // Sixteen positions at a time where the CPU has AVX-512 (the same sums: see `scores16`).
+    // Sixteen positions at a time where the tier can (the same sums), then one at a time.
     let mut j0 = 0;
-    #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(16) && Tier::best() == Tier::Avx512 {
-        while j0 + 16 <= len {
-            for h in 0..N {
-                let s: &mut [f32; 16] = (&mut scores[h * len + j0..h * len + j0 + 16]).try_into().expect("16 scores");
-                // SAFETY: AVX-512F is there (`Tier::best`); `k` holds rows j0..j0+16 of `d` values.
-                unsafe { scores16(&q[h * d..(h + 1) * d], &k[j0 * d..(j0 + 16) * d], s) };
-                max[h] = s.iter().fold(max[h], |m, &x| m.max(x));
+    'blocks: while d.is_multiple_of(16) && j0 + 16 <= len {
+        for h in 0..N {
+            let s: &mut [f32; 16] = (&mut scores[h * len + j0..h * len + j0 + 16]).try_into().expect("16 scores");
+            if !scores16(&q[h * d..(h + 1) * d], &k[j0 * d..(j0 + 16) * d], s) {
+                break 'blocks;
             }
-            j0 += 16;
+            max[h] = s.iter().fold(max[h], |m, &x| m.max(x));
         }
+        j0 += 16;
     }
     for (j, kj) in k.chunks_exact(d).enumerate().skip(j0) {
         for h in 0..N {
@@ -363,7 +381,7 @@ fn weighted_rows<const B: usize>(p: &[f32], v: &[f32], d: usize, col: usize, out
 /// rows' lane sums are transposed so that sixteen rows are reduced at once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn scores16(q: &[f32], k: &[f32], out: &mut [f32; 16]) {
+unsafe fn scores16(q: &[f32], k: &[f32], out: &mut [f32; 16]) -> bool {
     use std::arch::x86_64::*;
     let d = q.len();
     debug_assert!(d.is_multiple_of(16) && k.len() == 16 * d);
@@ -409,6 +427,7 @@ unsafe fn scores16(q: &[f32], k: &[f32], out: &mut [f32; 16]) {
     }
     // SAFETY: `out` holds sixteen values.
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
+    true
 }
 
 #[inline(always)]
