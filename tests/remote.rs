@@ -224,46 +224,6 @@ fn the_server_logs_each_request_without_its_content() {
     }
 }
 
-/// A server that answers each connection with the next of `replies` (status, body); the request bodies
-/// it was sent, in order.
-fn fake_server(replies: Vec<(u16, String)>) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    let bodies = Arc::new(Mutex::new(Vec::new()));
-    let seen = bodies.clone();
-    std::thread::spawn(move || {
-        for (status, reply) in replies {
-            let (mut c, _) = listener.accept().unwrap();
-            let mut raw = Vec::new();
-            let mut buf = [0u8; 65536];
-            loop {
-                let n = c.read(&mut buf).unwrap();
-                raw.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&raw).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.parse().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if body.len() >= len {
-                        seen.lock().unwrap().push(serde_json::from_str(body).unwrap());
-                        break;
-                    }
-                }
-            }
-            let _ = write!(
-                c,
-                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
-    });
-    (url, bodies)
-}
-
 /// llama-cpp-python's server refuses `response_format: json_schema`, naming the types it takes: the
 /// schema is sent again as a `json_object` with its `schema`, and so from then on.
 #[test]
@@ -276,7 +236,7 @@ fn a_server_that_takes_schemas_only_as_json_objects_gets_them_so() {
         .to_string()
     };
     let decision = answer(r#"{"thought": "", "type": "final_answer", "answer": "five"}"#);
-    let (url, bodies) = fake_server(vec![
+    let (url, requests) = common::fake_server(vec![
         (500, refusal),
         (200, decision.clone()),
         (200, answer("Five.")),
@@ -291,7 +251,8 @@ fn a_server_that_takes_schemas_only_as_json_objects_gets_them_so() {
         let t = agent.run("What is 2 plus 3?").unwrap();
         assert_eq!(t.final_answer.as_deref(), Some("Five."), "{:?}", t.stop_reason);
     }
-    let bodies = bodies.lock().unwrap();
+    let bodies: Vec<serde_json::Value> =
+        requests.lock().unwrap().iter().map(|(_, body)| serde_json::from_str(body).unwrap()).collect();
     let formats: Vec<&str> = bodies.iter().map(|b| b["response_format"]["type"].as_str().unwrap_or("none")).collect();
     assert_eq!(formats, ["json_schema", "json_object", "none", "json_object", "none"]);
     assert_eq!(bodies[1]["response_format"]["schema"]["type"], "object", "{}", bodies[1]);

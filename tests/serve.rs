@@ -707,8 +707,6 @@ fn a_remote_decision_under_the_grammar_is_the_decision_made_in_process() {
 #[test]
 fn a_failing_server_gives_the_agents_own_failures_and_retries() {
     use reagent::agent::{Agent, AgentEvent, RemoteConstraint, RemoteDriver, StopReason};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
     let completion = |content: &str| {
         json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
                "usage": {"prompt_tokens": 10, "completion_tokens": 3}})
@@ -722,40 +720,7 @@ fn a_failing_server_gives_the_agents_own_failures_and_retries() {
         (200, completion("2 plus 3 is 5.")),
         (400, "{\"error\": {\"message\": \"messages: too long\"}}".to_string()),
     ];
-    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = bodies.clone();
-    std::thread::spawn(move || {
-        for (status, reply) in replies {
-            let (mut c, _) = listener.accept().unwrap();
-            let mut raw = Vec::new();
-            let mut buf = [0u8; 65536];
-            // The head, then the body its Content-Length gives.
-            loop {
-                let n = c.read(&mut buf).unwrap();
-                raw.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&raw).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.parse().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if body.len() >= len {
-                        seen.lock().unwrap().push((head.to_string(), body.to_string()));
-                        break;
-                    }
-                }
-            }
-            let reason = if status == 200 { "OK" } else { "Error" };
-            let _ = write!(
-                c,
-                "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
-    });
-    let url = format!("http://{addr}/v1");
+    let (url, bodies) = common::fake_server(replies);
     let remote = RemoteDriver::new(&url, "m", RemoteConstraint::JsonSchema, Duration::from_secs(10))
         .unwrap()
         .retries(2, Duration::from_millis(1))

@@ -84,3 +84,48 @@ pub fn processes_matching(marker: &str) -> Vec<String> {
         .filter(|c| c.contains(marker))
         .collect()
 }
+
+/// The requests a [`fake_server`] was sent: each one's head and body, in order.
+pub type Requests = std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>;
+
+/// A loopback HTTP server answering its connections, one request each, with `replies` (status, JSON
+/// body) in order, then closing; its API base (`http://ADDR/v1`) and the requests it was sent.
+pub fn fake_server(replies: Vec<(u16, String)>) -> (String, Requests) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let requests = Requests::default();
+    let seen = requests.clone();
+    std::thread::spawn(move || {
+        for (status, reply) in replies {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut raw = Vec::new();
+            let mut buf = [0u8; 65536];
+            // The head, then the body its Content-Length gives.
+            loop {
+                let n = c.read(&mut buf).unwrap();
+                raw.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&raw).to_string();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase().strip_prefix("content-length: ").map(|v| v.parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if body.len() >= len {
+                        seen.lock().unwrap().push((head.to_string(), body.to_string()));
+                        break;
+                    }
+                }
+            }
+            let reason = if status == 200 { "OK" } else { "Error" };
+            let _ = write!(
+                c,
+                "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    (url, requests)
+}
