@@ -330,13 +330,9 @@ pub(super) fn eval(a: EvalArgs) -> Result<()> {
     let entry = driver.catalog_entry();
     a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
     eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref()));
-    let pb = eval_progress(opts.limit.map_or(todo.len(), |l| l.min(todo.len())));
-    let t0 = Instant::now();
-    let (_, results) = run_eval(driver, &todo, &tools, &opts, &mut out, &mut |n, _| {
-        pb.set_position(n as u64);
-        pb.set_message(format!("{:.1} tasks/min", n as f64 * 60.0 / t0.elapsed().as_secs_f64().max(1e-9)));
-    })?;
-    pb.finish_and_clear();
+    let progress = EvalProgress::new(&opts, todo.len());
+    let (_, results) = run_eval(driver, &todo, &tools, &opts, &mut out, &mut |n, _| progress.done(n))?;
+    progress.bar.finish_and_clear();
     previous.extend(results);
     eval_end(&a, &previous)
 }
@@ -374,30 +370,42 @@ fn eval_remote(
         n => format!(" and {} more endpoints", n - 1),
     };
     eprintln!("model: {model_id}{more}, {concurrency} tasks at once{}", unapplied_remotely(&opts.agent));
-    let pb = eval_progress(opts.limit.map_or(todo.len(), |l| l.min(todo.len())));
-    let t0 = Instant::now();
-    let progress = |n: usize, _| {
-        pb.set_position(n as u64);
-        pb.set_message(format!("{:.1} tasks/min", n as f64 * 60.0 / t0.elapsed().as_secs_f64().max(1e-9)));
-    };
+    let progress = EvalProgress::new(&opts, todo.len());
     let failed_over = |endpoint: &str, task: &str, e: &reagent::Error| {
-        pb.suspend(|| eprintln!("warning: {endpoint} failed task `{task}` ({e}); it goes to another endpoint"))
+        progress
+            .bar
+            .suspend(|| eprintln!("warning: {endpoint} failed task `{task}` ({e}); it goes to another endpoint"))
     };
-    let results = reagent::eval::run_eval_spread(workers, todo, tools, &opts, &mut out, &progress, &failed_over);
-    pb.finish_and_clear();
+    let done = |n, _| progress.done(n);
+    let results = reagent::eval::run_eval_spread(workers, todo, tools, &opts, &mut out, &done, &failed_over);
+    progress.bar.finish_and_clear();
     previous.extend(results?);
     eval_end(a, &previous)
 }
 
-/// The progress bar of an eval of `total` tasks.
-fn eval_progress(total: usize) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new(total as u64);
-    pb.set_style(
-        indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} tasks, {msg}, ETA {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb
+/// An eval's progress bar: tasks done of those it will run, and tasks per minute.
+struct EvalProgress {
+    bar: indicatif::ProgressBar,
+    started: Instant,
+}
+
+impl EvalProgress {
+    /// For `todo` tasks to run, or `opts.limit` of them.
+    fn new(opts: &EvalOptions, todo: usize) -> Self {
+        let bar = indicatif::ProgressBar::new(opts.limit.map_or(todo, |l| l.min(todo)) as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} tasks, {msg}, ETA {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        Self { bar, started: Instant::now() }
+    }
+
+    fn done(&self, n: usize) {
+        self.bar.set_position(n as u64);
+        let per_minute = n as f64 * 60.0 / self.started.elapsed().as_secs_f64().max(1e-9);
+        self.bar.set_message(format!("{per_minute:.1} tasks/min"));
+    }
 }
 
 /// The summary of every task in the results file, printed and written where --summary-json says.
