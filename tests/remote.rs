@@ -257,3 +257,118 @@ fn a_server_that_takes_schemas_only_as_json_objects_gets_them_so() {
     assert_eq!(formats, ["json_schema", "json_object", "none", "json_object", "none"]);
     assert_eq!(bodies[1]["response_format"]["schema"]["type"], "object", "{}", bodies[1]);
 }
+
+/// A decision's reply with the tokens' log-probabilities as OpenAI-compatible servers return them: the
+/// text up to the `type` value, its first token (`lead`, with `alternatives`), then the rest.
+fn with_logprobs(lead: (&str, f64), alternatives: &[(&str, f64)], rest: &str) -> String {
+    let before = r#"{"thought":"","type":""#;
+    let top: Vec<serde_json::Value> =
+        alternatives.iter().map(|(t, l)| serde_json::json!({"token": t, "logprob": l})).collect();
+    let content = [
+        serde_json::json!({"token": before, "logprob": -0.1, "top_logprobs": []}),
+        serde_json::json!({"token": lead.0, "logprob": lead.1, "top_logprobs": top}),
+        serde_json::json!({"token": rest, "logprob": -0.1, "top_logprobs": []}),
+    ];
+    serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "logprobs": {"content": content},
+        "message": {"role": "assistant", "content": format!("{before}{}{rest}", lead.0)}}]})
+    .to_string()
+}
+
+fn reply(text: &str) -> String {
+    serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+        .to_string()
+}
+
+/// The agent with one tool against the fake server at `url`, at call bias `bias`.
+fn biased_agent(url: &str, bias: f32) -> reagent::agent::Agent {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Args {
+        /// An expression.
+        expression: String,
+    }
+    let calc = reagent::tools::TypedTool::new("calc", "Evaluates an expression.", |a: Args| {
+        Ok::<_, reagent::tools::ToolError>(a.expression.len())
+    })
+    .unwrap();
+    let remote = RemoteDriver::new(url, "m", RemoteConstraint::JsonSchema, Duration::from_secs(10))
+        .unwrap()
+        .retries(0, Duration::from_millis(1));
+    let mut config = AgentConfig::default();
+    config.branch_biases.call = bias;
+    reagent::agent::Agent::builder().driver(remote).tool(calc).config(config).build().unwrap()
+}
+
+fn bodies(requests: &common::Requests) -> Vec<serde_json::Value> {
+    requests.lock().unwrap().iter().map(|(_, body)| serde_json::from_str(body).unwrap()).collect()
+}
+
+/// The alternatives of a decision's `type` value, for the call bias applied from the server's
+/// log-probabilities: the other side is there (`final` at -4.12 against `call` at -0.02: a margin of 4.1).
+const LISTED: &[(&str, f64)] = &[("call", -0.02), ("final", -4.12), ("observation", -5.69)];
+const CALL_REST: &str = r#"_tool","tool":"calc","args":{"expression":"2+3"}}"#;
+
+/// The server's call stands where the margin with the bias is above 0 (4.1 - 3); where the bias turns it
+/// (4.1 - 5), the decision is asked again narrowed to the answer, and the margin is the step's.
+#[test]
+fn the_call_bias_applies_to_a_remote_decision_from_the_servers_log_probabilities() {
+    let call = with_logprobs(("call", -0.02), LISTED, CALL_REST);
+    let (url, requests) = common::fake_server(vec![
+        (200, call.clone()),
+        (200, reply(r#"{"thought":"","type":"final_answer","answer":"3"}"#)),
+        (200, call),
+        (200, reply(r#"{"thought":"","type":"final_answer","answer":"Paris"}"#)),
+        (200, reply("The capital of France is Paris.")),
+    ]);
+    let t = biased_agent(&url, -3.0).run("What is 2+3?").unwrap();
+    assert_eq!(t.steps[0].decision.calls().len(), 1, "{:?}", t.steps[0].decision);
+    assert_eq!(t.final_answer.as_deref(), Some("3"));
+    let t = biased_agent(&url, -5.0).run("What is the capital of France?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("The capital of France is Paris."), "{:?}", t.stop_reason);
+    let margins = &t.steps[0].stats.branch_margins;
+    assert!(margins.len() == 1 && (margins[0].margin - 4.1).abs() < 1e-4, "{margins:?}");
+    let b = bodies(&requests);
+    // The first decision of each run asks for the log-probabilities; a later one, at bias 0, does not.
+    assert_eq!((b[0]["logprobs"].as_bool(), b[0]["top_logprobs"].as_u64()), (Some(true), Some(20)));
+    assert!(b[1].get("logprobs").is_none(), "{}", b[1]);
+    assert_eq!(b[2]["logprobs"].as_bool(), Some(true));
+    // The turned decision: only the answer's alternative is left in the schema.
+    let schema = |i: usize| b[i]["response_format"]["json_schema"]["schema"].clone();
+    let types = |s: serde_json::Value| -> Vec<String> {
+        s["anyOf"].as_array().unwrap().iter().map(|a| a["properties"]["type"]["const"].to_string()).collect()
+    };
+    assert_eq!(types(schema(2)), ["\"call_tool\"", "\"final_answer\""]);
+    assert_eq!(types(schema(3)), ["\"final_answer\""]);
+    assert_eq!(b.len(), 5);
+}
+
+/// Where the other side is not among the alternatives, the least of them bounds it: a choice the bound
+/// settles costs no request; otherwise the narrowed decision is asked for, and its own log-probability
+/// gives the margin (here 6.98: the call stands at bias -6.5 after the measure, and the narrowed
+/// decision is not used).
+#[test]
+fn the_other_side_below_the_listed_alternatives_is_bounded_then_measured() {
+    let unlisted: Vec<(String, f64)> = (0..20).map(|i| (format!("w{i}"), -0.5 - 0.25 * i as f64)).collect();
+    let unlisted: Vec<(&str, f64)> = unlisted.iter().map(|(t, l)| (t.as_str(), *l)).collect();
+    // The twentieth is at -5.25: the answer is below it, so the margin is above 5.23.
+    let call = with_logprobs(("call", -0.02), &unlisted, CALL_REST);
+    let answer_measured = with_logprobs(("final", -7.0), &[], r#"_answer","answer":"5"}"#);
+    let (url, requests) = common::fake_server(vec![
+        (200, call.clone()),
+        (200, reply(r#"{"thought":"","type":"final_answer","answer":"3"}"#)),
+        (200, call),
+        (200, answer_measured),
+        (200, reply(r#"{"thought":"","type":"final_answer","answer":"3"}"#)),
+    ]);
+    let t = biased_agent(&url, -5.0).run("What is 2+3?").unwrap();
+    assert_eq!(t.steps[0].decision.calls().len(), 1);
+    assert!(t.steps[0].stats.branch_margins.is_empty(), "a bound is not a margin");
+    let t = biased_agent(&url, -6.5).run("What is 2+3?").unwrap();
+    assert_eq!(t.steps[0].decision.calls().len(), 1, "{:?}", t.steps[0].decision);
+    let margins = &t.steps[0].stats.branch_margins;
+    assert!(margins.len() == 1 && (margins[0].margin - 6.98).abs() < 1e-4, "{margins:?}");
+    assert_eq!(t.final_answer.as_deref(), Some("3"));
+    let b = bodies(&requests);
+    assert_eq!(b.len(), 5);
+    assert_eq!(b[3]["response_format"]["json_schema"]["schema"]["anyOf"].as_array().unwrap().len(), 1);
+    assert_eq!(b[3]["logprobs"].as_bool(), Some(true));
+}

@@ -61,7 +61,7 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     if !a.remote.endpoint.is_empty() {
-        eprintln!("model: {model_id}{}", unapplied_remotely(&config));
+        eprintln!("model: {model_id}{}", unapplied_remotely(&config, &a.remote.constraint));
     }
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     let header = reagent::agent::TraceHeader::new(
@@ -151,20 +151,25 @@ pub(super) fn one_endpoint<'a>(r: &'a RemoteArgs, command: &str) -> Result<Optio
     }
 }
 
-/// What the decision settings ask for that needs the model's scores, which a server does not return:
-/// `; not applied remotely: …`, or nothing.
-pub(super) fn unapplied_remotely(config: &AgentConfig) -> String {
-    let mut unapplied = Vec::new();
-    if config.branch_biases.call != 0.0 {
-        unapplied.push(format!("call bias {}", config.branch_biases.call));
+/// What the decision settings ask for that needs the model's scores: the call bias comes from the
+/// server's log-probabilities (under a constraint, which `--constraint none` sends none of); the support,
+/// which needs the scores of a given text, is not applied. `; …`, or nothing.
+pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: &str) -> String {
+    let (bias, mut said, mut unapplied) = (config.branch_biases.call, String::new(), Vec::new());
+    match constraint {
+        _ if bias == 0.0 => {}
+        "none" => unapplied.push(format!("call bias {bias}")),
+        _ => {
+            said = format!("; call bias {bias} from the server's log-probabilities (not applied where it returns none)")
+        }
     }
     if let Some(s) = config.min_support {
         unapplied.push(format!("min support {s}"));
     }
-    match unapplied.is_empty() {
-        true => String::new(),
-        false => format!("; not applied remotely: {}", unapplied.join(", ")),
+    if !unapplied.is_empty() {
+        said.push_str(&format!("; not applied remotely: {}", unapplied.join(", ")));
     }
+    said
 }
 
 /// The driver of a model served at `url` (`model`: --model, naming the served model unless
@@ -369,7 +374,10 @@ fn eval_remote(
         1 => String::new(),
         n => format!(" and {} more endpoints", n - 1),
     };
-    eprintln!("model: {model_id}{more}, {concurrency} tasks at once{}", unapplied_remotely(&opts.agent));
+    eprintln!(
+        "model: {model_id}{more}, {concurrency} tasks at once{}",
+        unapplied_remotely(&opts.agent, &a.remote.constraint)
+    );
     let progress = EvalProgress::new(&opts, todo.len());
     let failed_over = |endpoint: &str, task: &str, e: &reagent::Error| {
         progress

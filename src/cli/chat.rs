@@ -41,7 +41,7 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
     if let Some(id) = remote {
-        eprintln!("model: {id}{}", unapplied_remotely(&config));
+        eprintln!("model: {id}{}", unapplied_remotely(&config, &a.remote.constraint));
     }
     let colour = std::io::stderr().is_terminal();
     // On a terminal an answer in the model's own words shows as it is generated; piped, each answer is

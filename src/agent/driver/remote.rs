@@ -1,19 +1,27 @@
 //! [`RemoteDriver`]: decisions made by a model on an OpenAI-compatible server (vLLM, SGLang, llama.cpp's
 //! server, `reagent serve`), constrained as the engine can take it ([`RemoteConstraint`]). Everything else of
 //! the agent (tools, MCP, traces, retries, eval) runs here unchanged; each decision is parsed and
-//! validated here as a local one is. Settings that need the model's scores (the call bias, the call's
-//! support) are not applied: the server returns text, not logits.
+//! validated here as a local one is. The call bias of a ReAct decision is applied from the
+//! log-probabilities the server returns ([`branch`]). The call's support, which needs the model's scores
+//! of a given text, is not applied: scored through a grammar that allows only that text, a server's
+//! greedy tokenisation of it is not the model's (`src/catalog.rs` written as `src`, `/c`, `atal`, `og`,
+//! …), and the scores of such pieces say little.
+
+mod branch;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::{DecisionRequest, Driver, DriverOutput};
+use crate::agent::decision::DecisionFormat;
 use crate::agent::events::DecisionStats;
 use crate::agent::native::CallSyntax;
+use crate::decode::constraint::BranchMargin;
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
 use crate::text::chat::{ChatMessage, Role};
+use branch::Side;
 
 /// How a decision's grammar reaches the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -208,8 +216,9 @@ impl RemoteDriver {
         }
     }
 
-    /// The text of the first choice, whether it ended by itself, and the figures.
-    fn complete(&self, body: &Value, started: Instant) -> Result<DriverOutput> {
+    /// The text of the first choice, whether it ended by itself, and the figures; with its tokens'
+    /// log-probabilities (`logprobs.content`) where the server returned them.
+    fn complete(&self, body: &Value, started: Instant) -> Result<(DriverOutput, Vec<Value>)> {
         let resp = self.post(body)?;
         let choice = resp.get("choices").and_then(|c| c.get(0)).ok_or_else(|| Error::Remote {
             endpoint: self.base.clone(),
@@ -225,9 +234,96 @@ impl RemoteDriver {
             seconds: started.elapsed().as_secs_f64(),
             ..DecisionStats::default()
         };
-        Ok(DriverOutput::new(text, complete, stats))
+        let logprobs = choice.pointer("/logprobs/content").and_then(Value::as_array).cloned().unwrap_or_default();
+        Ok((DriverOutput::new(text, complete, stats), logprobs))
+    }
+
+    /// A decision under `grammar`, with its tokens' log-probabilities and `TOP_LOGPROBS` alternatives
+    /// where `logprobs`. A server that takes a schema only as a `json_object` says so naming the types it
+    /// knows: the schema goes that way from then on.
+    fn request(
+        &mut self,
+        messages: &[ChatMessage],
+        grammar: &Grammar,
+        max_tokens: usize,
+        logprobs: bool,
+    ) -> Result<(DriverOutput, Vec<Value>)> {
+        let body = |d: &Self| -> Result<Value> {
+            let mut b = d.body(messages, Some(grammar), max_tokens)?;
+            if logprobs {
+                b["logprobs"] = json!(true);
+                b["top_logprobs"] = json!(TOP_LOGPROBS);
+            }
+            Ok(b)
+        };
+        match self.complete(&body(self)?, Instant::now()) {
+            Err(Error::Remote { problem, .. } | Error::EndpointDown { problem, .. })
+                if self.constraint == RemoteConstraint::JsonSchema
+                    && !self.schema_in_json_object
+                    && problem.contains("json_object") =>
+            {
+                self.schema_in_json_object = true;
+                self.complete(&body(self)?, Instant::now())
+            }
+            done => done,
+        }
+    }
+
+    /// A ReAct decision whose first choice between calling and answering takes `bias` (see [`branch`]):
+    /// the server's decision, or the same request narrowed to the other side where the bias turns the
+    /// margin over. The server's own choice where it returns no log-probabilities.
+    fn biased(&mut self, req: &DecisionRequest<'_>, schema: &Value, bias: f32) -> Result<DriverOutput> {
+        let (mut first, content) = self.request(req.messages, req.grammar, req.max_tokens, true)?;
+        let Some(t) = branch::type_token(&content, TOP_LOGPROBS) else { return Ok(first) };
+        // The call's margin, given the other side's log-probability; whether the server's choice stands.
+        let margin_with = |other: f32| if t.side == Side::Call { t.logprob - other } else { other - t.logprob };
+        let stands = |margin: f32| (t.side == Side::Call) == (margin + bias > 0.0);
+        if t.other.is_none() && t.ceiling.is_some_and(|c| stands(margin_with(c))) {
+            // The other side is below every alternative listed: even at their least it would not turn
+            // the choice.
+            return Ok(first);
+        }
+        let Some(narrow) = branch::narrowed(schema, t.side.other()) else { return Ok(first) };
+        let narrow = Grammar::JsonSchema(narrow);
+        // The other side's decision, asked for now where its log-probability is needed.
+        let mut other_out = None;
+        let other = match t.other {
+            Some(o) => o,
+            None => {
+                let (out, content) = self.request(req.messages, &narrow, req.max_tokens, true)?;
+                let measured = branch::type_token(&content, TOP_LOGPROBS).filter(|o| o.side == t.side.other());
+                let Some(o) = measured else {
+                    first.stats.add_generation(&out.stats);
+                    return Ok(first);
+                };
+                other_out = Some(out);
+                o.logprob
+            }
+        };
+        let margin = margin_with(other);
+        let mut kept = match (stands(margin), other_out) {
+            (true, spent) => {
+                if let Some(o) = spent {
+                    first.stats.add_generation(&o.stats);
+                }
+                first
+            }
+            (false, other_out) => {
+                let mut turned = match other_out {
+                    Some(o) => o,
+                    None => self.request(req.messages, &narrow, req.max_tokens, false)?.0,
+                };
+                turned.stats.add_generation(&first.stats);
+                turned
+            }
+        };
+        kept.stats.branch_margins = vec![BranchMargin { label: "call", margin }];
+        Ok(kept)
     }
 }
+
+/// The alternatives asked for with each token of a decision whose call bias is applied here.
+const TOP_LOGPROBS: usize = 20;
 
 impl Driver for RemoteDriver {
     fn name(&self) -> &'static str {
@@ -238,20 +334,17 @@ impl Driver for RemoteDriver {
         if req.think_budget > 0 {
             return Err(Error::param("think budget", "not available on a remote model"));
         }
-        let body = self.body(req.messages, Some(req.grammar), req.max_tokens)?;
-        match self.complete(&body, Instant::now()) {
-            // A server that takes a schema only as a `json_object` says so naming the types it knows: the
-            // schema goes that way from here on.
-            Err(Error::Remote { problem, .. } | Error::EndpointDown { problem, .. })
-                if self.constraint == RemoteConstraint::JsonSchema
-                    && !self.schema_in_json_object
-                    && problem.contains("json_object") =>
+        let bias = req.biases.call;
+        match req.grammar {
+            Grammar::JsonSchema(s)
+                if bias != 0.0
+                    && req.format == DecisionFormat::React
+                    && self.constraint != RemoteConstraint::None
+                    && branch::narrowed(s, Side::Call).is_some() =>
             {
-                self.schema_in_json_object = true;
-                let body = self.body(req.messages, Some(req.grammar), req.max_tokens)?;
-                self.complete(&body, Instant::now())
+                self.biased(req, s, bias)
             }
-            done => done,
+            g => Ok(self.request(req.messages, g, req.max_tokens, false)?.0),
         }
     }
 
@@ -262,7 +355,7 @@ impl Driver for RemoteDriver {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Option<DriverOutput>> {
         let body = self.body(messages, None, max_tokens)?;
-        let out = self.complete(&body, Instant::now())?;
+        let (out, _) = self.complete(&body, Instant::now())?;
         on_text(&out.text);
         Ok(Some(out))
     }
