@@ -327,6 +327,18 @@ fn the_library_applies_the_catalogs_settings() {
     let entry = Catalog::builtin().get("qwen2.5-coder-0.5b").cloned();
     let same = AgentConfig::for_model(entry.as_ref(), Profile::Run, true).unwrap();
     assert_eq!((same.format, same.decision.max_thought_chars), (run.config().format, 0));
+    // Biases are margins of the format they were set in: the single-decision settings (native) keep
+    // theirs where the driver decides natively, and have none where it falls back to ReAct (a server).
+    let native = AgentConfig::for_model(entry.as_ref(), Profile::SingleDecision, true).unwrap();
+    assert_eq!(
+        (native.format, native.branch_biases.call, native.branch_biases.more_calls),
+        (DecisionFormat::Native, 1.0, 13.0)
+    );
+    let fallen = AgentConfig::for_model(entry.as_ref(), Profile::SingleDecision, false).unwrap();
+    assert_eq!((fallen.format, fallen.branch_biases), (DecisionFormat::React, Default::default()));
+    // The run settings are ReAct's own: kept either way.
+    let react = AgentConfig::for_model(entry.as_ref(), Profile::Run, false).unwrap();
+    assert_eq!(react.branch_biases.call, -3.75);
 
     let single = build(Some(Profile::SingleDecision));
     assert_eq!(single.config().format, DecisionFormat::Native);

@@ -260,22 +260,26 @@ impl AgentConfig {
     /// Sets the decision fields from a model's catalog settings (`supports_native`: whether the driver can
     /// decide natively; a native default falls back to ReAct where it cannot).
     pub fn apply_settings(&mut self, s: &crate::catalog::DecisionDefaults, supports_native: bool) -> Result<()> {
-        self.format = match s.format.as_deref() {
-            Some(f) => match f.parse()? {
-                DecisionFormat::Native if !supports_native => DecisionFormat::React,
-                f => f,
-            },
+        let format: Option<DecisionFormat> = s.format.as_deref().map(str::parse).transpose()?;
+        self.format = match format {
+            Some(DecisionFormat::Native) if !supports_native => DecisionFormat::React,
+            Some(f) => f,
             None if supports_native => DecisionFormat::Native,
             None => DecisionFormat::React,
         };
         if let Some(f) = &s.first_call {
             self.first_call = f.parse()?;
         }
-        self.branch_biases = BranchBiases {
-            call: s.call_bias,
-            more_calls: s.more_calls_bias,
-            close: s.close_bias,
-            end_list: s.end_list_bias,
+        // Biases are margins of the format they were calibrated in: none where decisions fall back to
+        // another (a remote model, whose decisions are ReAct, under settings made for its own syntax).
+        self.branch_biases = match format.is_none_or(|f| f == self.format) {
+            true => BranchBiases {
+                call: s.call_bias,
+                more_calls: s.more_calls_bias,
+                close: s.close_bias,
+                end_list: s.end_list_bias,
+            },
+            false => BranchBiases::default(),
         };
         self.abstain_below = s.abstain_below.filter(|&g| g > 0.0);
         self.min_support = s.min_support;
