@@ -610,6 +610,42 @@ fn chat_reads_one_turn_per_line_and_saves_the_conversation() {
     assert_clean_failure(&o, &["no-such-session"]);
 }
 
+/// `reagent chat` on a terminal (a pseudo-terminal driven by `tests/data/pty_chat.py`): Ctrl-C during a
+/// turn kills its tool's process group and brings the prompt back with the session going on (`/tools`
+/// answers); at the prompt, Ctrl-C once asks again and Ctrl-D leaves with exit code 0.
+#[cfg(target_os = "linux")]
+#[test]
+fn chat_on_a_terminal_stops_a_turn_at_ctrl_c_and_leaves_at_ctrl_d() {
+    let model = common::tiny_long_path(Arch::Qwen2);
+    let marker = format!("sleep 302.{}", std::process::id());
+    let tools = scratch().join("pty-tools.toml");
+    std::fs::write(
+        &tools,
+        format!(
+            "[[tool]]\nname = \"slow\"\ndescription = \"Sleeps for a long time.\"\ncommand = [\"sh\", \"-c\", \"{marker}\"]\ntimeout_s = 600\n"
+        ),
+    )
+    .unwrap();
+    let home = scratch().join("pty-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pty_chat.py");
+    let o = Command::new("python3")
+        .env("REAGENT_PROMPT_CACHE", "0")
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", &home)
+        .args([script, &marker, env!("CARGO_BIN_EXE_reagent"), "chat", "--model"])
+        .arg(&model)
+        .args(["--tools", tools.to_str().unwrap(), "--builtin", "none", "--tool-choice", "slow"])
+        .args(["--max-steps", "3", "--tool-timeout", "600"])
+        .output()
+        .expect("python3 drives the terminal");
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    let left = common::processes_matching(&marker);
+    assert!(left.is_empty(), "processes left behind: {left:?}");
+    // The history went to the data directory given.
+    assert!(home.join("reagent").join("chat_history").exists(), "no history file");
+}
+
 /// A JSON schema whose required property contains itself has no finite instance: `generate
 /// --json-schema` and a tools file with it are refused before anything is generated, naming the property
 /// (and the tool).
