@@ -69,6 +69,9 @@ def as_run(r, functions, required_only):
 MEASURES = {
     # The model's own scores: the least supported value's log-ratio (`min_support`).
     "support": lambda r, f: least(r["support_values"]) if r.get("support_values") else None,
+    # The least share of a value's surprisal without the request that the request explains.
+    "share": lambda r, f: min((v["with"] - v["without"]) / max(-v["without"], 0.5) for v in r["support_values"])
+    if r.get("support_values") else None,
     # The same over the values the call keeps as it runs.
     "support_kept": lambda r, f: as_run(r, f, False) if r.get("support_values") else None,
     # The same over its required parameters' values.
@@ -125,6 +128,8 @@ def main():
     def grid(measure):
         if measure == "grounding":
             return [x / 20 for x in range(0, 41)]
+        if measure == "share":
+            return [x / 20 for x in range(-10, 21)]
         if measure == "margin":
             return [x / 4 for x in range(-8, 25)]
         return [x / 4 for x in range(-16, 41)]
