@@ -199,7 +199,9 @@ impl RemoteDriver {
                 Err(ureq::Error::Status(code, resp)) => {
                     let text = resp.into_string().unwrap_or_default();
                     let problem = format!("HTTP {code}: {}", error_message(&text));
-                    if code != 429 && code < 500 {
+                    // A refusal of the schema's form (llama-cpp-python answers it with a 500) is not
+                    // tried again: `request` switches the form.
+                    if (code != 429 && code < 500) || self.refuses_json_schema(&problem) {
                         return Err(fail(problem));
                     }
                     problem
@@ -238,6 +240,14 @@ impl RemoteDriver {
         Ok((DriverOutput::new(text, complete, stats), logprobs))
     }
 
+    /// Whether `problem` is a server's refusal of `response_format: json_schema` that names the form it
+    /// takes instead, while the schema still goes as `json_schema`.
+    fn refuses_json_schema(&self, problem: &str) -> bool {
+        self.constraint == RemoteConstraint::JsonSchema
+            && !self.schema_in_json_object
+            && problem.contains("json_object")
+    }
+
     /// A decision under `grammar`, with its tokens' log-probabilities and `TOP_LOGPROBS` alternatives
     /// where `logprobs`. A server that takes a schema only as a `json_object` says so naming the types it
     /// knows: the schema goes that way from then on.
@@ -257,11 +267,7 @@ impl RemoteDriver {
             Ok(b)
         };
         match self.complete(&body(self)?, Instant::now()) {
-            Err(Error::Remote { problem, .. } | Error::EndpointDown { problem, .. })
-                if self.constraint == RemoteConstraint::JsonSchema
-                    && !self.schema_in_json_object
-                    && problem.contains("json_object") =>
-            {
+            Err(Error::Remote { problem, .. }) if self.refuses_json_schema(&problem) => {
                 self.schema_in_json_object = true;
                 self.complete(&body(self)?, Instant::now())
             }
