@@ -373,3 +373,57 @@ fn the_other_side_below_the_listed_alternatives_is_bounded_then_measured() {
     assert_eq!(b[3]["response_format"]["json_schema"]["schema"]["anyOf"].as_array().unwrap().len(), 1);
     assert_eq!(b[3]["logprobs"].as_bool(), Some(true));
 }
+
+/// `--constraint tools`: the decision's tools go as OpenAI `tools` with `tool_choice`, and the reply's
+/// `tool_calls` come back as the decision (a fake server: the request's fields checked); against a
+/// `reagent serve` replica, a required call comes back as a call of the tool with arguments that validate.
+#[test]
+fn the_tools_mode_sends_functions_and_takes_the_calls_back() {
+    let calls = serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "calc", "arguments": "{\"expression\": \"2+3\"}"}}]}}]})
+    .to_string();
+    let (fake, requests) = common::fake_server(vec![(200, calls), (200, reply("5"))]);
+    let driver = |url: &str| {
+        RemoteDriver::new(url, "m", RemoteConstraint::Tools, Duration::from_secs(60))
+            .unwrap()
+            .retries(0, Duration::from_millis(1))
+    };
+    let calc = || {
+        #[derive(serde::Deserialize, schemars::JsonSchema)]
+        struct Args {
+            /// An expression.
+            expression: String,
+        }
+        reagent::tools::TypedTool::new("calc", "Evaluates an expression.", |a: Args| {
+            Ok::<_, reagent::tools::ToolError>(a.expression.len())
+        })
+        .unwrap()
+    };
+    let mut agent = reagent::agent::Agent::builder().driver(driver(&fake)).tool(calc()).build().unwrap();
+    let t = agent.run("What is 2+3?").unwrap();
+    assert_eq!(t.steps[0].decision.calls()[0].args, serde_json::json!({"expression": "2+3"}));
+    assert_eq!(t.final_answer.as_deref(), Some("5"), "{:?}", t.stop_reason);
+    let b = bodies(&requests);
+    assert_eq!(b[0]["tools"][0]["function"]["name"], "calc");
+    assert_eq!(b[0]["tool_choice"], "auto");
+    assert!(b[0].get("response_format").is_none() && b[0].get("structured_outputs").is_none());
+
+    let mut server = replica();
+    let config = AgentConfig::default().tool_choice(ToolChoice::Required);
+    let mut agent = reagent::agent::Agent::builder()
+        .driver(driver(&url(&server)))
+        .tool(calc())
+        .config(config)
+        .max_steps(1)
+        .build()
+        .unwrap();
+    let t = agent.run("What is 2+3?").unwrap();
+    let first = &t.steps[0];
+    assert_eq!(first.retries, 0, "{:?}", t.stop_reason);
+    let calls = first.decision.calls();
+    assert_eq!(calls.len(), 1, "{:?}", first.decision);
+    assert_eq!(calls[0].tool, "calc");
+    assert!(calls[0].args["expression"].is_string(), "{:?}", calls[0].args);
+    server.shutdown();
+}

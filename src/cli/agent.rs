@@ -158,7 +158,7 @@ pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: &str) -> Stri
     let (bias, mut said, mut unapplied) = (config.branch_biases.call, String::new(), Vec::new());
     match constraint {
         _ if bias == 0.0 => {}
-        "none" => unapplied.push(format!("call bias {bias}")),
+        "none" | "tools" => unapplied.push(format!("call bias {bias}")),
         _ => {
             said = format!("; call bias {bias} from the server's log-probabilities (not applied where it returns none)")
         }

@@ -8,6 +8,7 @@
 //! …), and the scores of such pieces say little.
 
 mod branch;
+mod tools;
 
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,9 @@ pub enum RemoteConstraint {
     /// The decision's JSON schema as `response_format` (llama.cpp's server, Ollama, hosted APIs): valid
     /// where the engine enforces the schema.
     JsonSchema,
+    /// The decision's tools as OpenAI `tools` and `tool_choice`, for engines with neither grammars nor
+    /// schemas: the reply's calls are taken as the decision and validated here.
+    Tools,
     /// No constraint: the text is parsed and validated here, and retried when it does not hold.
     None,
 }
@@ -44,8 +48,11 @@ impl std::str::FromStr for RemoteConstraint {
         match s {
             "grammar" => Ok(Self::Grammar),
             "json-schema" => Ok(Self::JsonSchema),
+            "tools" => Ok(Self::Tools),
             "none" => Ok(Self::None),
-            other => Err(Error::param("constraint", format!("`{other}`: expected grammar, json-schema or none"))),
+            other => {
+                Err(Error::param("constraint", format!("`{other}`: expected grammar, json-schema, tools or none")))
+            }
         }
     }
 }
@@ -55,6 +62,7 @@ impl std::fmt::Display for RemoteConstraint {
         f.write_str(match self {
             Self::Grammar => "grammar",
             Self::JsonSchema => "json-schema",
+            Self::Tools => "tools",
             Self::None => "none",
         })
     }
@@ -168,6 +176,12 @@ impl RemoteDriver {
                 };
                 o.insert("response_format".into(), format);
             }
+            (RemoteConstraint::Tools, Grammar::JsonSchema(s)) => {
+                if let Some((tools, choice)) = tools::request_tools(s) {
+                    o.insert("tools".into(), tools);
+                    o.insert("tool_choice".into(), choice);
+                }
+            }
             (c, g) => {
                 return Err(Error::param(
                     "constraint",
@@ -220,7 +234,8 @@ impl RemoteDriver {
 
     /// The text of the first choice, whether it ended by itself, and the figures; with its tokens'
     /// log-probabilities (`logprobs.content`) where the server returned them.
-    fn complete(&self, body: &Value, started: Instant) -> Result<(DriverOutput, Vec<Value>)> {
+    /// Under `--constraint tools`, the reply's calls are the decision's text (`schema`: the decision's).
+    fn complete(&self, body: &Value, schema: Option<&Value>, started: Instant) -> Result<(DriverOutput, Vec<Value>)> {
         let resp = self.post(body)?;
         let choice = resp.get("choices").and_then(|c| c.get(0)).ok_or_else(|| Error::Remote {
             endpoint: self.base.clone(),
@@ -237,7 +252,13 @@ impl RemoteDriver {
             ..DecisionStats::default()
         };
         let logprobs = choice.pointer("/logprobs/content").and_then(Value::as_array).cloned().unwrap_or_default();
-        Ok((DriverOutput::new(text, complete, stats), logprobs))
+        let mut out = DriverOutput::new(text, complete, stats);
+        if let (RemoteConstraint::Tools, Some(schema), Some(m)) = (self.constraint, schema, choice.get("message")) {
+            out.text = tools::decision_text(m, schema);
+            // A reply that called ended by calling.
+            out.complete |= choice.get("finish_reason").and_then(Value::as_str) == Some("tool_calls");
+        }
+        Ok((out, logprobs))
     }
 
     /// Whether `problem` is a server's refusal of `response_format: json_schema` that names the form it
@@ -266,10 +287,14 @@ impl RemoteDriver {
             }
             Ok(b)
         };
-        match self.complete(&body(self)?, Instant::now()) {
+        let schema = match grammar {
+            Grammar::JsonSchema(s) => Some(s),
+            _ => None,
+        };
+        match self.complete(&body(self)?, schema, Instant::now()) {
             Err(Error::Remote { problem, .. }) if self.refuses_json_schema(&problem) => {
                 self.schema_in_json_object = true;
-                self.complete(&body(self)?, Instant::now())
+                self.complete(&body(self)?, schema, Instant::now())
             }
             done => done,
         }
@@ -345,7 +370,7 @@ impl Driver for RemoteDriver {
             Grammar::JsonSchema(s)
                 if bias != 0.0
                     && req.format == DecisionFormat::React
-                    && self.constraint != RemoteConstraint::None
+                    && matches!(self.constraint, RemoteConstraint::Grammar | RemoteConstraint::JsonSchema)
                     && branch::narrowed(s, Side::Call).is_some() =>
             {
                 self.biased(req, s, bias)
@@ -361,7 +386,7 @@ impl Driver for RemoteDriver {
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Option<DriverOutput>> {
         let body = self.body(messages, None, max_tokens)?;
-        let (out, _) = self.complete(&body, Instant::now())?;
+        let (out, _) = self.complete(&body, None, Instant::now())?;
         on_text(&out.text);
         Ok(Some(out))
     }
@@ -451,6 +476,18 @@ mod tests {
         assert_eq!(b["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
         assert_eq!(b["response_format"]["type"], "json_schema");
         assert!(b.get("structured_outputs").is_none());
+        // Tools: the schema's call alternatives as functions; nothing where it has none.
+        let decision = json!({"anyOf": [
+            {"properties": {"type": {"const": "call_tool"}, "tool": {"const": "calc"}, "args": {"type": "object"}}},
+            {"properties": {"type": {"const": "final_answer"}}}]});
+        let b = driver(RemoteConstraint::Tools).body(&msgs, Some(&Grammar::JsonSchema(decision)), 64).unwrap();
+        assert_eq!(
+            (b["tools"][0]["function"]["name"].as_str(), b["tool_choice"].as_str()),
+            (Some("calc"), Some("auto"))
+        );
+        assert!(b.get("response_format").is_none() && b.get("structured_outputs").is_none());
+        let b = driver(RemoteConstraint::Tools).body(&msgs, Some(&g), 64).unwrap();
+        assert!(b.get("tools").is_none());
         let b = driver(RemoteConstraint::None).body(&msgs, Some(&g), 64).unwrap();
         assert!(b.get("structured_outputs").is_none() && b.get("response_format").is_none());
         // An answer in words carries no constraint whatever the mode.
@@ -469,7 +506,7 @@ mod tests {
         assert!(e.starts_with("http://127.0.0.1:9/v1: "), "{e}");
         assert!(e.contains("after 2 attempts"), "{e}");
         assert!(!e.contains("secret") && !format!("{d:?}").contains("secret"));
-        assert!("grammar".parse::<RemoteConstraint>().is_ok() && "tools".parse::<RemoteConstraint>().is_err());
+        assert!("tools".parse::<RemoteConstraint>().is_ok() && "logits".parse::<RemoteConstraint>().is_err());
         assert!(RemoteDriver::new("localhost:8080", "m", RemoteConstraint::None, Duration::from_secs(1)).is_err());
     }
 }
