@@ -427,3 +427,53 @@ fn the_tools_mode_sends_functions_and_takes_the_calls_back() {
     assert!(calls[0].args["expression"].is_string(), "{:?}", calls[0].args);
     server.shutdown();
 }
+
+/// `probe` finds the strongest constraint a server enforces: a `reagent serve` replica holds a reply to a
+/// grammar; a server that refuses `json_schema` naming `json_object` (with a 500, as llama-cpp-python) and
+/// holds that form gets `json-schema` sent so; one that ignores grammars and schemas but calls a named
+/// function gets `tools`; one that does none of these, `none`.
+#[test]
+fn probing_finds_the_constraint_a_server_enforces() {
+    let mut server = replica();
+    let mut d = RemoteDriver::new(&url(&server), "tiny", RemoteConstraint::None, Duration::from_secs(60)).unwrap();
+    assert_eq!(d.probe().unwrap(), RemoteConstraint::Grammar);
+    server.shutdown();
+
+    let refusal = r#"{"error": {"message": "Input should be 'text' or 'json_object'"}}"#.to_string();
+    let called = serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": null, "tool_calls": [{"id": "p", "type": "function",
+        "function": {"name": "reagent_probe", "arguments": "{}"}}]}}]})
+    .to_string();
+    let (fake, requests) = common::fake_server(vec![
+        // Held to a schema in the json_object form.
+        (200, reply("reagent")),
+        (500, refusal),
+        (200, reply(r#"{"probe": "reagent-probe"}"#)),
+        // Grammars ignored, schemas refused or ignored, a named function called.
+        (200, reply("hello")),
+        (400, r#"{"error": {"message": "unknown response_format"}}"#.into()),
+        (200, reply(r#"{"probe": "hello"}"#)),
+        (200, called),
+        // Nothing held.
+        (200, reply("hello")),
+        (200, reply("hello")),
+        (200, reply("hello")),
+        (200, reply("hello")),
+    ]);
+    let driver = || {
+        RemoteDriver::new(&fake, "m", RemoteConstraint::Grammar, Duration::from_secs(10))
+            .unwrap()
+            .retries(2, Duration::from_millis(1))
+    };
+    let mut d = driver();
+    assert_eq!(d.probe().unwrap(), RemoteConstraint::JsonSchema);
+    let schema = reagent::decode::constraint::Grammar::JsonSchema(serde_json::json!({"type": "object"}));
+    let body = d.body(&[reagent::text::chat::ChatMessage::user("u")], Some(&schema), 8).unwrap();
+    assert_eq!(body["response_format"]["type"], "json_object", "the form the server took");
+    assert_eq!(driver().probe().unwrap(), RemoteConstraint::Tools);
+    assert_eq!(driver().probe().unwrap(), RemoteConstraint::None);
+    let b = bodies(&requests);
+    assert_eq!(b.len(), 11);
+    assert_eq!(b[0]["structured_outputs"]["grammar"], "start: \"reagent-probe\"");
+    assert_eq!(b[6]["tool_choice"]["function"]["name"], "reagent_probe");
+}

@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use reagent::agent::{Agent, AgentConfig, AgentEvent, Driver, EventLog, ModelDriver, Profile, StopReason};
+use reagent::agent::{
+    Agent, AgentConfig, AgentEvent, Driver, EventLog, ModelDriver, Profile, RemoteConstraint, StopReason,
+};
 use reagent::eval::{finished_ids, load_tasks, run_eval, unknown_fields, EvalOptions, Summary};
 use reagent::model::prompt_cache::PromptCache;
 use reagent::tools::mcp::{tools_of as mcp_tools_of, McpConfig, McpServer};
@@ -51,17 +53,20 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
         (Some(path), Some(r)) => Some(EventLog::append(path, r.bytes)?),
         _ => a.trace.as_deref().map(EventLog::create).transpose()?,
     };
-    let (driver, model_id) = match one_endpoint(&a.remote, "run")? {
-        Some(url) => remote_driver(url, &a.remote, a.opts.model.model.as_deref())?,
+    let (driver, model_id, constraint) = match one_endpoint(&a.remote, "run")? {
+        Some(url) => {
+            let (d, id, c) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
+            (d, id, Some(c))
+        }
         None => {
             let (d, id) = run_driver(&a.opts)?;
-            (Box::new(d) as Box<dyn Driver>, id)
+            (Box::new(d) as Box<dyn Driver>, id, None)
         }
     };
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
-    if !a.remote.endpoint.is_empty() {
-        eprintln!("model: {model_id}{}", unapplied_remotely(&config, &a.remote.constraint));
+    if let Some(c) = constraint {
+        eprintln!("model: {model_id}{}", unapplied_remotely(&config, c));
     }
     let specs: Vec<reagent::ToolSpec> = tools.iter().map(|t| t.spec().clone()).collect();
     let header = reagent::agent::TraceHeader::new(
@@ -154,14 +159,14 @@ pub(super) fn one_endpoint<'a>(r: &'a RemoteArgs, command: &str) -> Result<Optio
 /// What the decision settings ask for that needs the model's scores: the call bias comes from the
 /// server's log-probabilities (under a constraint, which `--constraint none` sends none of); the support,
 /// which needs the scores of a given text, is not applied. `; …`, or nothing.
-pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: &str) -> String {
+pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: RemoteConstraint) -> String {
     let (bias, mut said, mut unapplied) = (config.branch_biases.call, String::new(), Vec::new());
     match constraint {
         _ if bias == 0.0 => {}
-        "none" | "tools" => unapplied.push(format!("call bias {bias}")),
-        _ => {
+        RemoteConstraint::Grammar | RemoteConstraint::JsonSchema => {
             said = format!("; call bias {bias} from the server's log-probabilities (not applied where it returns none)")
         }
+        _ => unapplied.push(format!("call bias {bias}")),
     }
     if let Some(s) = config.min_support {
         unapplied.push(format!("min support {s}"));
@@ -173,21 +178,32 @@ pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: &str) -> Stri
 }
 
 /// The driver of a model served at `url` (`model`: --model, naming the served model unless
-/// --served-model does), and its description for a trace header.
-pub(super) fn remote_driver(url: &str, r: &RemoteArgs, model: Option<&str>) -> Result<(Box<dyn Driver>, String)> {
+/// --served-model does), its description for a trace header, and the constraint it sends (probed under
+/// `--constraint auto`).
+pub(super) fn remote_driver(
+    url: &str,
+    r: &RemoteArgs,
+    model: Option<&str>,
+) -> Result<(Box<dyn Driver>, String, RemoteConstraint)> {
     if !(r.request_timeout > 0.0 && r.request_timeout <= 86_400.0) {
         bail!("--request-timeout: give a number of seconds above 0, at most a day");
     }
     let name = r.served_model.as_deref().or(model).unwrap_or("default").to_string();
-    let constraint: reagent::agent::RemoteConstraint = r.constraint.parse()?;
+    let probe = r.constraint == "auto";
+    let constraint: RemoteConstraint = if probe { RemoteConstraint::Grammar } else { r.constraint.parse()? };
     let timeout = std::time::Duration::from_secs_f64(r.request_timeout);
     // A catalog name in --model: its run settings apply (but for those that need the model's scores).
     let entry = model.and_then(|m| reagent::catalog::Catalog::builtin().get(m).cloned());
-    let driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?
+    let mut driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?
         .api_key(r.api_key.clone())
         .catalog_entry(entry);
-    let id = format!("{name} at {} ({constraint})", url.trim_end_matches('/'));
-    Ok((Box::new(driver), id))
+    let how = match probe {
+        true => format!("{}, probed", driver.probe()?),
+        false => constraint.to_string(),
+    };
+    let id = format!("{name} at {} ({how})", url.trim_end_matches('/'));
+    let constraint = driver.constraint();
+    Ok((Box::new(driver), id, constraint))
 }
 
 /// The model's driver for `run` and `chat`, and the model's description for a trace header.
@@ -358,25 +374,35 @@ fn eval_remote(
         bail!("--concurrency: give 1 to 256 tasks at once");
     }
     let mut workers = Vec::with_capacity(concurrency);
-    let mut model_id = String::new();
+    let mut first: Option<(String, RemoteConstraint)> = None;
     for i in 0..concurrency {
-        let endpoint = i % endpoints.len();
-        let (driver, id) = remote_driver(&endpoints[endpoint], &a.remote, a.model.model.as_deref())?;
-        if i == 0 {
+        let endpoint = &endpoints[i % endpoints.len()];
+        let (driver, id, constraint) = match remote_driver(endpoint, &a.remote, a.model.model.as_deref()) {
+            Ok(d) => d,
+            // A server that cannot be probed is left out, as one that fails mid-eval is.
+            Err(e) if matches!(e.downcast_ref::<reagent::Error>(), Some(reagent::Error::EndpointDown { .. })) => {
+                eprintln!("warning: {e}; the eval goes on without it");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if first.is_none() {
             let entry = driver.catalog_entry();
             a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
             eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref()));
-            model_id = id;
+            first = Some((id, constraint));
         }
-        workers.push(reagent::eval::Worker { endpoint: endpoints[endpoint].clone(), driver });
+        workers.push(reagent::eval::Worker { endpoint: endpoint.clone(), driver });
     }
+    let Some((model_id, constraint)) = first else { bail!("no endpoint could be probed") };
     let more = match endpoints.len() {
         1 => String::new(),
         n => format!(" and {} more endpoints", n - 1),
     };
     eprintln!(
-        "model: {model_id}{more}, {concurrency} tasks at once{}",
-        unapplied_remotely(&opts.agent, &a.remote.constraint)
+        "model: {model_id}{more}, {} tasks at once{}",
+        workers.len(),
+        unapplied_remotely(&opts.agent, constraint)
     );
     let progress = EvalProgress::new(&opts, todo.len());
     let failed_over = |endpoint: &str, task: &str, e: &reagent::Error| {

@@ -187,7 +187,8 @@ pub(crate) struct RemoteArgs {
     pub(crate) api_key: Option<String>,
     /// How the decision's grammar reaches the server: `grammar` (llguidance's Lark, as vLLM's and
     /// SGLang's llguidance backends and `reagent serve` take it), `json-schema` (`response_format`),
-    /// `tools` (OpenAI `tools` and `tool_choice`), or `none` (parsed and validated here only).
+    /// `tools` (OpenAI `tools` and `tool_choice`), `none` (parsed and validated here only), or `auto`
+    /// (the first of those the server is found to enforce, probed at start).
     #[arg(long, default_value = "grammar", value_name = "MODE", requires = "endpoint", help_heading = "Remote model")]
     pub(crate) constraint: String,
     /// Seconds one request to the server may take.

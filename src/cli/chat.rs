@@ -33,15 +33,15 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
     let tools = run_tools(&a.opts)?;
     let (driver, remote): (Box<dyn Driver>, _) = match one_endpoint(&a.remote, "chat")? {
         Some(url) => {
-            let (driver, id) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
-            (driver, Some(id))
+            let (driver, id, constraint) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
+            (driver, Some((id, constraint)))
         }
         None => (Box::new(run_driver(&a.opts)?.0.with_recent_prefixes(RECENT_PREFIX_BYTES)), None),
     };
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;
-    if let Some(id) = remote {
-        eprintln!("model: {id}{}", unapplied_remotely(&config, &a.remote.constraint));
+    if let Some((id, constraint)) = remote {
+        eprintln!("model: {id}{}", unapplied_remotely(&config, constraint));
     }
     let colour = std::io::stderr().is_terminal();
     // On a terminal an answer in the model's own words shows as it is generated; piped, each answer is

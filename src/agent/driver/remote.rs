@@ -145,6 +145,67 @@ impl RemoteDriver {
         self.constraint
     }
 
+    /// Finds the strongest constraint the server enforces, and takes it: a grammar (a reply held to a
+    /// one-word Lark grammar), else a JSON schema (either form; a reply held to a schema with one constant),
+    /// else OpenAI tools (a named function called), else none. Each probe is one short request; a server
+    /// that refuses a field is a probe that failed, a server that cannot be reached an error.
+    pub fn probe(&mut self) -> Result<RemoteConstraint> {
+        const WORD: &str = "reagent-probe";
+        let messages = [ChatMessage::user("Write one word.")];
+        let base = self.body(&messages, None, 48)?;
+        let with = |field: &str, value: Value| {
+            let mut b = base.clone();
+            b[field] = value;
+            b
+        };
+        // The first choice's message of a reply, or none where the server refused the request.
+        let reply = |d: &Self, body: &Value| -> Result<Option<Value>> {
+            match d.post(body) {
+                Ok(r) => Ok(r.pointer("/choices/0/message").cloned()),
+                Err(Error::Remote { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let content = |m: &Option<Value>| {
+            m.as_ref().and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or_default().trim().to_string()
+        };
+        let grammar = with("structured_outputs", json!({"grammar": format!("start: \"{WORD}\"")}));
+        if content(&reply(self, &grammar)?) == WORD {
+            self.constraint = RemoteConstraint::Grammar;
+            return Ok(self.constraint);
+        }
+        let schema = json!({"type": "object", "properties": {"probe": {"const": WORD}}, "required": ["probe"]});
+        let forms = [
+            json!({"type": "json_schema", "json_schema": {"name": "probe", "schema": schema, "strict": true}}),
+            json!({"type": "json_object", "schema": schema}),
+        ];
+        // Probed as the mode it would be, so that a refusal of the form that names the other is not
+        // tried again.
+        (self.constraint, self.schema_in_json_object) = (RemoteConstraint::JsonSchema, false);
+        for (json_object, form) in [false, true].into_iter().zip(forms) {
+            let written = content(&reply(self, &with("response_format", form))?);
+            let held = serde_json::from_str::<Value>(&written).ok().is_some_and(|v| v["probe"] == WORD);
+            if held {
+                (self.constraint, self.schema_in_json_object) = (RemoteConstraint::JsonSchema, json_object);
+                return Ok(self.constraint);
+            }
+        }
+        self.schema_in_json_object = false;
+        let name = "reagent_probe";
+        let mut tools = with(
+            "tools",
+            json!([{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}]),
+        );
+        tools["tool_choice"] = json!({"type": "function", "function": {"name": name}});
+        let called = reply(self, &tools)?
+            .and_then(|m| m.pointer("/tool_calls/0/function/name").and_then(Value::as_str).map(str::to_string));
+        self.constraint = match called.as_deref() {
+            Some(n) if n == name => RemoteConstraint::Tools,
+            _ => RemoteConstraint::None,
+        };
+        Ok(self.constraint)
+    }
+
     /// The request body of a decision under `grammar` (or of an answer in words, with none).
     pub fn body(&self, messages: &[ChatMessage], grammar: Option<&Grammar>, max_tokens: usize) -> Result<Value> {
         let mut body = json!({

@@ -95,13 +95,19 @@ pub(crate) fn decision_text(message: &Value, schema: &Value) -> String {
     let mut decision = Map::new();
     decision.insert("thought".into(), json!(""));
     match calls.as_slice() {
-        [] if super::super::extract_json(content).is_some_and(|v| v.get("type").is_some()) => {
-            return content.to_string()
-        }
-        [] => {
-            decision.insert("type".into(), json!("final_answer"));
-            decision.insert("answer".into(), json!(content.trim()));
-        }
+        [] => match super::super::extract_json(content) {
+            // A ReAct decision the model wrote unconstrained: an answer that is not text is given as text.
+            Some(mut v) if v.get("type").is_some() => {
+                if let Some(a) = v.get_mut("answer").filter(|a| !a.is_string() && !a.is_null()) {
+                    *a = Value::String(a.to_string());
+                }
+                return v.to_string();
+            }
+            _ => {
+                decision.insert("type".into(), json!("final_answer"));
+                decision.insert("answer".into(), json!(content.trim()));
+            }
+        },
         [_, _, ..] if several => {
             decision.insert("type".into(), json!("call_tools"));
             decision.insert("calls".into(), Value::Array(calls));
@@ -155,6 +161,11 @@ mod tests {
         // A ReAct decision written as content is taken as it is.
         let written = r#"{"thought":"","type":"final_answer","answer":"4"}"#;
         assert_eq!(decision_text(&json!({"content": written}), &s), written);
+        let number = r#"{"thought":"","type":"final_answer","answer":1603}"#;
+        assert_eq!(
+            decision_text(&json!({"content": number}), &s),
+            r#"{"thought":"","type":"final_answer","answer":"1603"}"#
+        );
         // Several calls where the schema takes several; else the first.
         let two = json!({"tool_calls": [{"function": {"name": "calc", "arguments": "{}"}}, {"function": {"name": "calc", "arguments": "not json"}}]});
         let parallel = json!({"anyOf": [call("calc"), {"properties": {"type": {"const": "call_tools"}}}, answer()]});
