@@ -72,17 +72,23 @@ def wait_for(cond, timeout, what):
 
 
 at = read_until("> ", 120)
+time.sleep(0.2)
 os.write(fd, b"wait for it\r")
 wait_for(tools_running, 120, "the turn's tool did not start")
 os.write(fd, b"\x03")
 at = read_until("[stopped; the turn is not kept]", 30, at)
 wait_for(lambda: not tools_running(), 10, f"the tool outlived Ctrl-C: {tools_running()}")
 at = read_until("> ", 30, at)
+time.sleep(0.2)
 os.write(fd, b"/tools\r")
 at = read_until("slow: Sleeps for a long time.", 30, at)
 at = read_until("> ", 30, at)
+time.sleep(0.2)
 os.write(fd, b"\x03")
 at = read_until("[Ctrl-C again or Ctrl-D to leave]", 30, at)
+# The next prompt: the line editor reads keys again (before it, a key can be flushed with the mode change).
+at = read_until("> ", 30, at)
+time.sleep(0.2)
 os.write(fd, b"\x04")
 end = time.time() + 30
 while time.time() < end:
