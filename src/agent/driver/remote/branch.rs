@@ -128,7 +128,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn tokens(pieces: &[(&str, f64, &[(&str, f64)])]) -> Vec<Value> {
+    /// A token's text, its log-probability, and its alternatives.
+    type Piece<'a> = (&'a str, f64, &'a [(&'a str, f64)]);
+
+    fn tokens(pieces: &[Piece<'_>]) -> Vec<Value> {
         pieces
             .iter()
             .map(|(t, lp, alts)| {
