@@ -417,6 +417,19 @@ impl RemoteDriver {
 /// The alternatives asked for with each token of a decision whose call bias is applied here.
 const TOP_LOGPROBS: usize = 20;
 
+/// The alternatives of a ReAct decision schema: its `anyOf`, or the schema itself where it has one.
+fn alternatives(schema: &Value) -> Vec<&Value> {
+    match schema.get("anyOf").and_then(Value::as_array) {
+        Some(a) => a.iter().collect(),
+        None => vec![schema],
+    }
+}
+
+/// An alternative's `type` (`call_tool`, `call_tools`, `final_answer`).
+fn type_of(alternative: &Value) -> Option<&str> {
+    alternative.pointer("/properties/type/const").and_then(Value::as_str)
+}
+
 impl Driver for RemoteDriver {
     fn name(&self) -> &'static str {
         "remote"
@@ -432,7 +445,7 @@ impl Driver for RemoteDriver {
                 if bias != 0.0
                     && req.format == DecisionFormat::React
                     && matches!(self.constraint, RemoteConstraint::Grammar | RemoteConstraint::JsonSchema)
-                    && branch::narrowed(s, Side::Call).is_some() =>
+                    && branch::offers_both(s) =>
             {
                 self.biased(req, s, bias)
             }

@@ -46,21 +46,21 @@ impl Side {
     }
 }
 
-/// A ReAct decision schema narrowed to `side`'s alternatives; none where the schema does not offer both
-/// sides (a decision already narrowed, a forced call).
+/// Whether a ReAct decision schema offers both sides (not a decision already narrowed, or a forced call).
+pub(crate) fn offers_both(schema: &Value) -> bool {
+    let types: Vec<&str> = super::alternatives(schema).into_iter().filter_map(super::type_of).collect();
+    [Side::Call, Side::Answer].into_iter().all(|side| types.iter().any(|t| side.has(t)))
+}
+
+/// A ReAct decision schema narrowed to `side`'s alternatives; none where it does not offer both sides.
 pub(crate) fn narrowed(schema: &Value, side: Side) -> Option<Value> {
-    let alternatives = schema.get("anyOf")?.as_array()?;
-    let type_of = |a: &Value| a.pointer("/properties/type/const").and_then(Value::as_str).map(str::to_string);
-    let types: Vec<Option<String>> = alternatives.iter().map(type_of).collect();
-    let on = |s: Side| types.iter().any(|t| t.as_deref().is_some_and(|t| s.has(t)));
-    if !(on(Side::Call) && on(Side::Answer)) {
+    if !offers_both(schema) {
         return None;
     }
-    let kept: Vec<Value> = alternatives
-        .iter()
-        .zip(&types)
-        .filter(|(_, t)| t.as_deref().is_some_and(|t| side.has(t)))
-        .map(|(a, _)| a.clone())
+    let kept: Vec<Value> = super::alternatives(schema)
+        .into_iter()
+        .filter(|a| super::type_of(a).is_some_and(|t| side.has(t)))
+        .cloned()
         .collect();
     let mut out = schema.clone();
     out["anyOf"] = Value::Array(kept);

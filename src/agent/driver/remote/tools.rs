@@ -6,17 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-/// The alternatives of a decision schema: its `anyOf`, or the schema itself where it has one.
-fn alternatives(schema: &Value) -> Vec<&Value> {
-    match schema.get("anyOf").and_then(Value::as_array) {
-        Some(a) => a.iter().collect(),
-        None => vec![schema],
-    }
-}
-
-fn type_of(alternative: &Value) -> Option<&str> {
-    alternative.pointer("/properties/type/const").and_then(Value::as_str)
-}
+use super::{alternatives, type_of};
 
 /// Each tool the schema lets a decision call, with its argument schema, in order.
 fn callable(schema: &Value) -> Vec<(String, Value)> {
