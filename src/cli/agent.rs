@@ -56,7 +56,7 @@ pub(super) fn run_agent(a: RunArgs) -> Result<ExitCode> {
     let (driver, model_id, constraint) = match one_endpoint(&a.remote, "run")? {
         Some(url) => {
             let (d, id, c) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
-            (d, id, Some(c))
+            (Box::new(d) as Box<dyn Driver>, id, Some(c))
         }
         None => {
             let (d, id) = run_driver(&a.opts)?;
@@ -184,7 +184,7 @@ pub(super) fn remote_driver(
     url: &str,
     r: &RemoteArgs,
     model: Option<&str>,
-) -> Result<(Box<dyn Driver>, String, RemoteConstraint)> {
+) -> Result<(reagent::agent::RemoteDriver, String, RemoteConstraint)> {
     if !(r.request_timeout > 0.0 && r.request_timeout <= 86_400.0) {
         bail!("--request-timeout: give a number of seconds above 0, at most a day");
     }
@@ -203,7 +203,7 @@ pub(super) fn remote_driver(
     };
     let id = format!("{name} at {} ({how})", url.trim_end_matches('/'));
     let constraint = driver.constraint();
-    Ok((Box::new(driver), id, constraint))
+    Ok((driver, id, constraint))
 }
 
 /// The model's driver for `run` and `chat`, and the model's description for a trace header.
@@ -375,24 +375,34 @@ fn eval_remote(
     }
     let mut workers = Vec::with_capacity(concurrency);
     let mut first: Option<(String, RemoteConstraint)> = None;
+    // One driver per endpoint (probed once under `--constraint auto`), cloned for each of its workers; an
+    // endpoint that cannot be probed is left out, as one that fails mid-eval is.
+    let mut drivers: Vec<Option<Option<reagent::agent::RemoteDriver>>> = vec![None; endpoints.len()];
     for i in 0..concurrency {
-        let endpoint = &endpoints[i % endpoints.len()];
-        let (driver, id, constraint) = match remote_driver(endpoint, &a.remote, a.model.model.as_deref()) {
-            Ok(d) => d,
-            // A server that cannot be probed is left out, as one that fails mid-eval is.
-            Err(e) if matches!(e.downcast_ref::<reagent::Error>(), Some(reagent::Error::EndpointDown { .. })) => {
-                eprintln!("warning: {e}; the eval goes on without it");
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if first.is_none() {
-            let entry = driver.catalog_entry();
-            a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
-            eprintln!("decisions: {}", super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref()));
-            first = Some((id, constraint));
+        let k = i % endpoints.len();
+        let endpoint = &endpoints[k];
+        if drivers[k].is_none() {
+            drivers[k] = Some(match remote_driver(endpoint, &a.remote, a.model.model.as_deref()) {
+                Ok((driver, id, constraint)) => {
+                    if first.is_none() {
+                        let entry = Driver::catalog_entry(&driver);
+                        a.agent.decision.apply(&mut opts.agent, entry.as_ref(), profile, driver.supports_native())?;
+                        let decisions = super::args::describe_decisions(&opts.agent, driver.call_syntax().as_ref());
+                        eprintln!("decisions: {decisions}");
+                        first = Some((id, constraint));
+                    }
+                    Some(driver)
+                }
+                Err(e) if matches!(e.downcast_ref::<reagent::Error>(), Some(reagent::Error::EndpointDown { .. })) => {
+                    eprintln!("warning: {e}; the eval goes on without it");
+                    None
+                }
+                Err(e) => return Err(e),
+            });
         }
-        workers.push(reagent::eval::Worker { endpoint: endpoint.clone(), driver });
+        if let Some(Some(driver)) = &drivers[k] {
+            workers.push(reagent::eval::Worker { endpoint: endpoint.clone(), driver: Box::new(driver.clone()) });
+        }
     }
     let Some((model_id, constraint)) = first else { bail!("no endpoint could be probed") };
     let more = match endpoints.len() {

@@ -34,7 +34,7 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
     let (driver, remote): (Box<dyn Driver>, _) = match one_endpoint(&a.remote, "chat")? {
         Some(url) => {
             let (driver, id, constraint) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
-            (driver, Some((id, constraint)))
+            (Box::new(driver) as Box<dyn Driver>, Some((id, constraint)))
         }
         None => (Box::new(run_driver(&a.opts)?.0.with_recent_prefixes(RECENT_PREFIX_BYTES)), None),
     };

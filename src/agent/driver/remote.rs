@@ -68,7 +68,9 @@ impl std::fmt::Display for RemoteConstraint {
     }
 }
 
-/// Makes decisions on an OpenAI-compatible chat-completions endpoint.
+/// Makes decisions on an OpenAI-compatible chat-completions endpoint. A clone talks to the same server
+/// as it was found to take (an eval's workers on one endpoint).
+#[derive(Clone)]
 pub struct RemoteDriver {
     /// The API's base, ending before `/chat/completions` (`http://host:8080/v1`).
     base: String,
