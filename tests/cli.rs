@@ -292,19 +292,26 @@ fn an_interrupt_during_an_mcp_call_stops_the_server() {
     assert!(left.is_empty(), "processes left behind: {left:?}");
 }
 
+/// A tools file `name` in the scratch directory with one program tool, `slow`, that sleeps `seconds`
+/// (its command line marked with this process's id), and the marker to find its process by.
+fn slow_tool(name: &str, seconds: u32) -> (std::path::PathBuf, String) {
+    let marker = format!("sleep {seconds}.{}", std::process::id());
+    let tools = scratch().join(name);
+    let toml = format!(
+        "[[tool]]\nname = \"slow\"\ndescription = \"Sleeps for a long time.\"\n\
+         command = [\"sh\", \"-c\", \"{marker}\"]\ntimeout_s = 600\n"
+    );
+    std::fs::write(&tools, toml).unwrap();
+    (tools, marker)
+}
+
 /// Ctrl-C during a tool call: the tool's process group is killed, the run ends with stop reason
 /// `interrupted` and exit code 130, and the trace holds every event and the transcript.
 #[cfg(target_os = "linux")]
 #[test]
 fn an_interrupt_during_a_tool_call_ends_the_run_cleanly() {
     let model = common::tiny_long_path(Arch::Qwen2);
-    let marker = format!("sleep 301.{}", std::process::id());
-    let tools = scratch().join("slow-tools.toml");
-    std::fs::write(
-        &tools,
-        format!("[[tool]]\nname = \"slow\"\ncommand = [\"sh\", \"-c\", \"{marker}\"]\ntimeout_s = 600\n"),
-    )
-    .unwrap();
+    let (tools, marker) = slow_tool("slow-tools.toml", 301);
     let args = ["--model", model.to_str().unwrap(), "--tools", tools.to_str().unwrap(), "--builtin", "none"];
     let more = ["--tool-choice", "slow", "--max-steps", "3", "--tool-timeout", "600", "wait"];
     let args: Vec<&str> = args.iter().chain(&more).copied().collect();
@@ -617,15 +624,7 @@ fn chat_reads_one_turn_per_line_and_saves_the_conversation() {
 #[test]
 fn chat_on_a_terminal_stops_a_turn_at_ctrl_c_and_leaves_at_ctrl_d() {
     let model = common::tiny_long_path(Arch::Qwen2);
-    let marker = format!("sleep 302.{}", std::process::id());
-    let tools = scratch().join("pty-tools.toml");
-    std::fs::write(
-        &tools,
-        format!(
-            "[[tool]]\nname = \"slow\"\ndescription = \"Sleeps for a long time.\"\ncommand = [\"sh\", \"-c\", \"{marker}\"]\ntimeout_s = 600\n"
-        ),
-    )
-    .unwrap();
+    let (tools, marker) = slow_tool("pty-tools.toml", 302);
     let home = scratch().join("pty-home");
     std::fs::create_dir_all(&home).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/pty_chat.py");
