@@ -230,18 +230,13 @@ fn the_server_logs_each_request_without_its_content() {
 fn a_server_that_takes_schemas_only_as_json_objects_gets_them_so() {
     use reagent::agent::Agent;
     let refusal = r#"{"error": {"message": "Input should be 'text' or 'json_object'"}}"#.to_string();
-    let answer = |text: &str| {
-        serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop",
-            "message": {"role": "assistant", "content": text}}]})
-        .to_string()
-    };
-    let decision = answer(r#"{"thought": "", "type": "final_answer", "answer": "five"}"#);
+    let decision = reply(r#"{"thought": "", "type": "final_answer", "answer": "five"}"#);
     let (url, requests) = common::fake_server(vec![
         (500, refusal),
         (200, decision.clone()),
-        (200, answer("Five.")),
+        (200, reply("Five.")),
         (200, decision),
-        (200, answer("Five.")),
+        (200, reply("Five.")),
     ]);
     // The refusal comes as a 500: it is not tried again (the replies would run out of step).
     let remote = RemoteDriver::new(&url, "m", RemoteConstraint::JsonSchema, Duration::from_secs(10))
@@ -252,8 +247,7 @@ fn a_server_that_takes_schemas_only_as_json_objects_gets_them_so() {
         let t = agent.run("What is 2 plus 3?").unwrap();
         assert_eq!(t.final_answer.as_deref(), Some("Five."), "{:?}", t.stop_reason);
     }
-    let bodies: Vec<serde_json::Value> =
-        requests.lock().unwrap().iter().map(|(_, body)| serde_json::from_str(body).unwrap()).collect();
+    let bodies = bodies(&requests);
     let formats: Vec<&str> = bodies.iter().map(|b| b["response_format"]["type"].as_str().unwrap_or("none")).collect();
     assert_eq!(formats, ["json_schema", "json_object", "none", "json_object", "none"]);
     assert_eq!(bodies[1]["response_format"]["schema"]["type"], "object", "{}", bodies[1]);
@@ -275,28 +269,41 @@ fn with_logprobs(lead: (&str, f64), alternatives: &[(&str, f64)], rest: &str) ->
     .to_string()
 }
 
+/// A reply in words, `text`.
 fn reply(text: &str) -> String {
     serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
         .to_string()
 }
 
-/// The agent with one tool against the fake server at `url`, at call bias `bias`.
-fn biased_agent(url: &str, bias: f32) -> reagent::agent::Agent {
+/// A reply that calls `name` with `arguments` (JSON text), as OpenAI's API writes calls.
+fn calling(name: &str, arguments: &str) -> String {
+    serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": name, "arguments": arguments}}]}}]})
+    .to_string()
+}
+
+/// A tool `calc` that takes an `expression` (and gives its length).
+fn calc() -> impl reagent::Tool {
     #[derive(serde::Deserialize, schemars::JsonSchema)]
     struct Args {
         /// An expression.
         expression: String,
     }
-    let calc = reagent::tools::TypedTool::new("calc", "Evaluates an expression.", |a: Args| {
+    reagent::tools::TypedTool::new("calc", "Evaluates an expression.", |a: Args| {
         Ok::<_, reagent::tools::ToolError>(a.expression.len())
     })
-    .unwrap();
+    .unwrap()
+}
+
+/// The agent with one tool against the fake server at `url`, at call bias `bias`.
+fn biased_agent(url: &str, bias: f32) -> reagent::agent::Agent {
     let remote = RemoteDriver::new(url, "m", RemoteConstraint::JsonSchema, Duration::from_secs(10))
         .unwrap()
         .retries(0, Duration::from_millis(1));
     let mut config = AgentConfig::default();
     config.branch_biases.call = bias;
-    reagent::agent::Agent::builder().driver(remote).tool(calc).config(config).build().unwrap()
+    reagent::agent::Agent::builder().driver(remote).tool(calc()).config(config).build().unwrap()
 }
 
 fn bodies(requests: &common::Requests) -> Vec<serde_json::Value> {
@@ -379,26 +386,12 @@ fn the_other_side_below_the_listed_alternatives_is_bounded_then_measured() {
 /// `reagent serve` replica, a required call comes back as a call of the tool with arguments that validate.
 #[test]
 fn the_tools_mode_sends_functions_and_takes_the_calls_back() {
-    let calls = serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
-        "function": {"name": "calc", "arguments": "{\"expression\": \"2+3\"}"}}]}}]})
-    .to_string();
+    let calls = calling("calc", r#"{"expression": "2+3"}"#);
     let (fake, requests) = common::fake_server(vec![(200, calls), (200, reply("5"))]);
     let driver = |url: &str| {
         RemoteDriver::new(url, "m", RemoteConstraint::Tools, Duration::from_secs(60))
             .unwrap()
             .retries(0, Duration::from_millis(1))
-    };
-    let calc = || {
-        #[derive(serde::Deserialize, schemars::JsonSchema)]
-        struct Args {
-            /// An expression.
-            expression: String,
-        }
-        reagent::tools::TypedTool::new("calc", "Evaluates an expression.", |a: Args| {
-            Ok::<_, reagent::tools::ToolError>(a.expression.len())
-        })
-        .unwrap()
     };
     let mut agent = reagent::agent::Agent::builder().driver(driver(&fake)).tool(calc()).build().unwrap();
     let t = agent.run("What is 2+3?").unwrap();
@@ -440,10 +433,7 @@ fn probing_finds_the_constraint_a_server_enforces() {
     server.shutdown();
 
     let refusal = r#"{"error": {"message": "Input should be 'text' or 'json_object'"}}"#.to_string();
-    let called = serde_json::json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": null, "tool_calls": [{"id": "p", "type": "function",
-        "function": {"name": "reagent_probe", "arguments": "{}"}}]}}]})
-    .to_string();
+    let called = calling("reagent_probe", "{}");
     let (fake, requests) = common::fake_server(vec![
         // Held to a schema in the json_object form.
         (200, reply("reagent")),
