@@ -900,7 +900,10 @@ fn the_system_prompt_is_saved_once_and_loaded_by_later_runs() {
         let mut a = Agent::builder()
             .driver(driver)
             .tool(calc())
-            .config(AgentConfig::default().max_steps(1).max_retries(0).max_decision_tokens(40))
+            // The decision's own figures: an answer is not asked again as a plain reply (another prompt).
+            .config(
+                AgentConfig::default().max_steps(1).max_retries(0).max_decision_tokens(40).answer_in_own_words(false),
+            )
             .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
             .build()
             .unwrap();

@@ -242,3 +242,91 @@ fn a_first_call_the_request_does_not_support_becomes_an_answer() {
     assert_eq!(answered.steps[0].support.map(f32::to_bits), Some(support.to_bits()));
     assert!(answered.steps[0].calls.is_empty() && answered.final_answer.is_some(), "{:?}", answered.steps[0]);
 }
+
+/// A model driver that records what each decision returned and can refuse answers in the model's own
+/// words (as a driver without `answer` does).
+struct Recording {
+    inner: reagent::agent::ModelDriver,
+    outputs: std::sync::Arc<std::sync::Mutex<Vec<(bool, String)>>>,
+    own_words: bool,
+}
+
+impl reagent::agent::Driver for Recording {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn decide(&mut self, req: &reagent::agent::DecisionRequest<'_>) -> reagent::Result<reagent::agent::DriverOutput> {
+        let out = self.inner.decide(req)?;
+        self.outputs.lock().unwrap().push((out.answer_pending, out.text.clone()));
+        Ok(out)
+    }
+    fn answer(
+        &mut self,
+        messages: &[ChatMessage],
+        max_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> reagent::Result<Option<reagent::agent::DriverOutput>> {
+        match self.own_words {
+            true => self.inner.answer(messages, max_tokens, on_text),
+            false => Ok(None),
+        }
+    }
+    fn rollback(&mut self) {
+        self.inner.rollback()
+    }
+    fn measure(
+        &mut self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> reagent::Result<Option<(usize, usize)>> {
+        self.inner.measure(messages, tools)
+    }
+}
+
+/// A ReAct decision that chooses to answer stops there when the answer is to be the model's own reply:
+/// no answer is written inside the decision to be thrown away, and the reply starts at once. Where the
+/// reply cannot be had, the decision is made again under the answer grammar and its answer stands.
+#[test]
+fn a_decision_that_answers_stops_at_its_choice_and_the_reply_is_the_answer() {
+    use reagent::agent::{Agent, AgentConfig, ModelDriver};
+    use reagent::tools::{builtin_tools, BuiltinOptions};
+    use std::sync::{Arc, Mutex};
+
+    let run = |own_words: bool| {
+        let outputs = Arc::new(Mutex::new(Vec::new()));
+        let driver = Recording {
+            inner: ModelDriver::constrained(smollm(), reagent::Sampling::Greedy, 0).unwrap(),
+            outputs: outputs.clone(),
+            own_words,
+        };
+        let mut config = AgentConfig::default().max_steps(2).answer_tokens(24).min_support(None);
+        // The model is made to answer: the branch's bias on the ReAct `type` far towards the answer.
+        config.branch_biases.call = -30.0;
+        let mut agent = Agent::builder()
+            .driver(driver)
+            .tools(builtin_tools(&BuiltinOptions::default()).unwrap())
+            .config(config)
+            .build()
+            .unwrap();
+        let t = agent.run("What is the capital of France?").unwrap();
+        let outputs = outputs.lock().unwrap().clone();
+        (t, outputs)
+    };
+    let (t, outputs) = run(true);
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let (pending, text) = &outputs[0];
+    assert!(*pending, "{text}");
+    assert!(text.starts_with('{') && !text.contains("final_answer") && !text.contains("answer\""), "{text}");
+    let answer = t.final_answer.expect("an answer");
+    assert!(!answer.is_empty());
+    // The reply is the step's decision.
+    assert!(matches!(&t.steps[0].decision, reagent::agent::Decision::FinalAnswer { answer: a, .. } if *a == answer));
+
+    // No reply to be had: the decision is made again, written whole, and its answer stands.
+    let (t, outputs) = run(false);
+    assert_eq!(outputs.len(), 2, "{outputs:?}");
+    assert!(outputs[0].0 && !outputs[1].0, "{outputs:?}");
+    let decided: serde_json::Value = serde_json::from_str(&outputs[1].1).unwrap();
+    assert_eq!(decided["type"], "final_answer");
+    assert_eq!(t.final_answer.as_deref(), decided["answer"].as_str());
+}

@@ -45,7 +45,15 @@ pub struct DecisionRequest<'a> {
     pub attempt: usize,
     /// Tokens of free thinking before the decision ([`AgentConfig::think_budget`](super::AgentConfig)).
     pub think_budget: usize,
+    /// A ReAct decision may end where it chose to answer, before writing the answer (its text then stops
+    /// before `"type":"final_answer"` and [`DriverOutput::answer_pending`] is set): the answer is to be
+    /// the model's own reply ([`AgentConfig::answer_in_own_words`](super::AgentConfig)), which then
+    /// starts without waiting for an answer that would be dropped. A driver may ignore it.
+    pub stop_at_answer: bool,
 }
+
+/// Where a ReAct decision that chose to answer ends under [`DecisionRequest::stop_at_answer`].
+pub(crate) const ANSWER_CHOSEN: &str = r#""type":"final_answer""#;
 
 /// A driver's output: the text, and whether generation ended on a complete decision.
 #[derive(Debug, Clone)]
@@ -58,12 +66,15 @@ pub struct DriverOutput {
     /// grammar was complete.
     pub complete: bool,
     pub stats: DecisionStats,
+    /// The decision stopped where it chose to answer ([`DecisionRequest::stop_at_answer`]); `text` is
+    /// what came before.
+    pub answer_pending: bool,
 }
 
 impl DriverOutput {
     /// What a [`Driver`] of one's own returns: the decision's text, whether it is complete, and its stats.
     pub fn new(text: String, complete: bool, stats: DecisionStats) -> Self {
-        Self { text, thinking: None, complete, stats }
+        Self { text, thinking: None, complete, stats, answer_pending: false }
     }
 }
 
@@ -144,6 +155,10 @@ pub trait Driver: Send {
     /// Forgets what the driver keeps between decisions (a model's KV cache), so that the next decision
     /// is computed as if it were the first.
     fn forget(&mut self) {}
+    /// Starts the sampling seed over; called at the start of each run, so that a run's sampled retries
+    /// are the same whatever ran on the driver before it (an eval's earlier tasks, a server's earlier
+    /// requests, a resumed eval's missing ones).
+    fn reseed(&mut self) {}
     /// Whether the driver can decode under `grammar` (a constrained driver compiles it); drivers that
     /// apply no grammar accept any.
     fn check_grammar(&self, _grammar: &Grammar) -> Result<()> {
@@ -162,6 +177,8 @@ pub struct ModelDriver {
     engine: Option<Arc<GrammarEngine>>,
     sampling: Sampling,
     seed: u64,
+    /// The seed given, which [`Driver::reseed`] restores.
+    first_seed: u64,
     /// Tokens in the model's KV cache: the last prompt and decision.
     cached: Vec<u32>,
     prompt_len: usize,
@@ -204,6 +221,7 @@ impl ModelDriver {
             engine,
             sampling,
             seed,
+            first_seed: seed,
             cached: Vec::new(),
             prompt_len: 0,
             reuse_prefix: true,
@@ -370,6 +388,10 @@ impl Driver for ModelDriver {
         self.model.truncate(0);
     }
 
+    fn reseed(&mut self) {
+        self.seed = self.first_seed;
+    }
+
     fn check_grammar(&self, grammar: &Grammar) -> Result<()> {
         match &self.engine {
             Some(e) => e.constraint(grammar).map(drop),
@@ -415,14 +437,17 @@ impl Driver for ModelDriver {
             (Sampling::Greedy, 1..) => Sampling::Random { temperature: 0.7, top_k: Some(40), top_p: None },
             (s, _) => s,
         };
+        let stop_at_answer = req.stop_at_answer && req.format == DecisionFormat::React && constraint.is_some();
         let params = GenerateParams {
             max_tokens: req.max_tokens,
             sampling,
             seed: self.seed,
             speculate: self.speculate,
+            stop_strings: if stop_at_answer { vec![ANSWER_CHOSEN.to_string()] } else { Vec::new() },
             ..GenerateParams::default()
         };
         let g = self.generate(&prompt, reused, &params, constraint.as_mut())?;
+        let answer_pending = stop_at_answer && matches!(g.stop, FinishReason::StopString { .. });
         self.seed = self.seed.wrapping_add(1);
         self.prompt_len = prompt.len();
         self.save_prefix(req, &rendered);
@@ -447,7 +472,7 @@ impl Driver for ModelDriver {
             branch_margins: constraint.as_ref().map(|c| c.stats().branch_margins.clone()).unwrap_or_default(),
         };
         let text = if req.format == DecisionFormat::Native { self.text_of(g) } else { g.text };
-        Ok(DriverOutput { text, thinking, complete, stats })
+        Ok(DriverOutput { text, thinking, complete, stats, answer_pending })
     }
 
     fn answer(
@@ -524,7 +549,7 @@ impl Driver for ModelDriver {
             return Ok(None);
         }
         // The first token is all it takes: the margin is recorded where the grammar offers both sides.
-        let req = DecisionRequest { max_tokens: 1, attempt: 0, think_budget: 0, ..*req };
+        let req = DecisionRequest { max_tokens: 1, attempt: 0, think_budget: 0, stop_at_answer: false, ..*req };
         let out = self.decide(&req)?;
         let margin = out.stats.branch_margins.iter().find(|m| m.label == "call").map(|m| m.margin);
         Ok(margin.map(|m| (m, out.stats)))
@@ -561,7 +586,7 @@ impl Driver for ModelDriver {
             seconds: t.elapsed().as_secs_f64(),
             branch_margins: Vec::new(),
         };
-        Ok(Some(DriverOutput { text: self.text_of(g), thinking: None, complete, stats }))
+        Ok(Some(DriverOutput { text: self.text_of(g), thinking: None, complete, stats, answer_pending: false }))
     }
 
     fn observation_role(&self) -> Role {

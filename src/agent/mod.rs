@@ -95,8 +95,9 @@ pub struct AgentConfig {
     pub abstain_below: Option<f32>,
     /// Under `auto`, a first decision whose first call's support from the request is below this becomes
     /// an answer, as with [`abstain_below`](Self::abstain_below). The support is the model's own: how many
-    /// nats more likely the request made the call's least supported value (or, for a call without
-    /// values, its tool's name) than an empty request does. A value the user gave or implies gains
+    /// nats more likely the request made the call's least supported value (optional arguments given
+    /// their schema's `default` aside; for a call without other values, its tool's name) than an empty
+    /// request does. A value the user gave or implies gains
     /// several; one made up because none was given (a ticker for "the stock I bought"), or a tool the
     /// request does not call for, about none. Costs two scorings of the decision's text. Calibrated per
     /// model in the catalog; `None`: not measured.

@@ -45,6 +45,9 @@ struct Decided {
     text: String,
     stats: DecisionStats,
     retries: usize,
+    /// An answer whose text is still to come: the decision stopped where it chose to answer
+    /// ([`DecisionRequest::stop_at_answer`]).
+    answer_pending: bool,
 }
 
 /// Where a run stands between steps.
@@ -97,6 +100,8 @@ struct Checks<'a> {
     /// it (once), and the reason noted in `raised`.
     pending: Option<Need>,
     raised: &'a mut Vec<String>,
+    /// The first attempt may stop where it chooses to answer: the answer will be the model's own reply.
+    stop_at_answer: bool,
 }
 
 impl Agent {
@@ -159,6 +164,7 @@ impl Agent {
         let grammars = self.step_grammars()?;
         let mut messages = self.opening_messages(conversation, &specs);
         let names = specs.iter().map(|s| s.name.clone()).collect();
+        self.driver.reseed();
         self.emit(AgentEvent::RunStarted { task: task.clone(), tools: names, driver: self.driver.name().into() });
         let (first_call_required, first_need) = self.first_call_required(&task);
         let request = conversation.to_vec();
@@ -268,6 +274,7 @@ impl Agent {
                 thinking: None,
                 stats: b.stats.clone(),
                 retries: 0,
+                answer_pending: false,
             },
             _ => {
                 let grammar = match (&first_grammar, &branch) {
@@ -279,10 +286,14 @@ impl Agent {
                 // A step that must answer is not asked to call after a slip.
                 let call_only = grammars.call_only.as_ref().filter(|_| !run.force_answer);
                 let pending = call_only.and_then(|_| self.still_needed(run));
+                // Where the answer would be replaced by the model's own reply, the decision stops at the
+                // choice, unless an answer is checked against what the request still needs.
+                let stop_at_answer = branch.is_none() && pending.is_none() && self.answers_in_own_words(run);
                 let checks = Checks {
                     call_only,
                     slips: (self.config.check_arithmetic && !run.force_answer).then_some(&mut run.flagged_slips),
                     failures: &run.failures,
+                    stop_at_answer,
                     pending,
                     raised: &mut run.pending_raised,
                 };
@@ -327,7 +338,14 @@ impl Agent {
             self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold, measure });
             self.driver.rollback();
             let raised = &mut run.pending_raised;
-            let checks = Checks { call_only: None, slips: None, failures: &run.failures, pending: None, raised };
+            let checks = Checks {
+                call_only: None,
+                slips: None,
+                failures: &run.failures,
+                pending: None,
+                raised,
+                stop_at_answer: false,
+            };
             match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
                 Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
                 Attempt::Stop(s) => return Ok(Some(s)),
@@ -341,15 +359,36 @@ impl Agent {
         if self.config.format == DecisionFormat::Native {
             self.drop_unstated(&turns.evidence, &mut decided);
         }
-        let Decided { mut decision, thinking, mut text, mut stats, retries } = decided;
-        if let Decision::FinalAnswer { answer, .. } = &mut decision {
-            // Not asked again where the call score chose the answer and the model's own reply failed.
-            if branch.is_none() {
-                if let Some(own) = self.own_words(run, &mut stats)? {
-                    // The conversation keeps the answer given.
+        let Decided { mut decision, thinking, mut text, mut stats, mut retries, answer_pending } = decided;
+        // Not asked again where the call score chose the answer and the model's own reply failed.
+        if matches!(decision, Decision::FinalAnswer { .. }) && branch.is_none() {
+            match self.own_words(run, &mut stats)? {
+                // The conversation keeps the answer given.
+                Some(own) => {
                     text = answer::answer_text(&own);
-                    *answer = own;
+                    decision = Decision::FinalAnswer { thought: String::new(), answer: own };
                 }
+                // The decision stopped at its choice, and the reply failed: its answer is written after all.
+                None if answer_pending => {
+                    self.driver.rollback();
+                    let raised = &mut run.pending_raised;
+                    let checks = Checks {
+                        call_only: None,
+                        slips: None,
+                        failures: &run.failures,
+                        pending: None,
+                        raised,
+                        stop_at_answer: false,
+                    };
+                    match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
+                        Attempt::Decided(d) => {
+                            stats.add_generation(&d.stats);
+                            (decision, text, retries) = (d.decision, d.text, retries + d.retries);
+                        }
+                        Attempt::Stop(s) => return Ok(Some(s)),
+                    }
+                }
+                None => {}
             }
         }
         self.emit(AgentEvent::DecisionExtracted {
@@ -503,6 +542,7 @@ impl Agent {
                 max_tokens: self.config.max_decision_tokens,
                 attempt: if after_slip { 0 } else { attempt },
                 think_budget: self.config.think_budget,
+                stop_at_answer: checks.stop_at_answer && attempt == 0,
             };
             let out = match self.driver.decide(&req) {
                 Ok(o) => o,
@@ -519,6 +559,13 @@ impl Agent {
             stats.count(&out.stats);
             if let Some(budget) = self.config.token_budget.filter(|&b| stats.generated_tokens > b) {
                 return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
+            }
+            if out.answer_pending {
+                let decision = Decision::FinalAnswer { thought: String::new(), answer: String::new() };
+                let (thinking, text) = (out.thinking.clone(), out.text.clone());
+                let decided =
+                    Decided { decision, thinking, text, stats: out.stats, retries: attempt, answer_pending: true };
+                return Ok(Attempt::Decided(Box::new(decided)));
             }
             let last = attempt >= self.config.max_retries;
             let checked = self.check(&out, step_grammar).and_then(|d| match checks.slips.as_deref_mut() {
@@ -567,6 +614,7 @@ impl Agent {
                         text,
                         stats: out.stats,
                         retries: attempt,
+                        answer_pending: false,
                     })));
                 }
                 Err(failure) => self.report_failure(step, attempt, failure, &out),

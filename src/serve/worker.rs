@@ -432,6 +432,9 @@ impl Driver for Shared {
     fn forget(&mut self) {
         lock(&self.0).forget()
     }
+    fn reseed(&mut self) {
+        lock(&self.0).reseed()
+    }
     fn check_grammar(&self, grammar: &Grammar) -> crate::error::Result<()> {
         lock(&self.0).check_grammar(grammar)
     }

@@ -528,6 +528,7 @@ mod tests {
             max_tokens: 8,
             attempt: 0,
             think_budget: 16,
+            stop_at_answer: false,
         };
         let e = driver(RemoteConstraint::Grammar).decide(&req).unwrap_err().to_string();
         assert!(e.contains("think budget") && e.contains("remote"), "{e}");

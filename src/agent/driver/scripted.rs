@@ -73,14 +73,14 @@ impl Driver for ScriptedDriver {
         };
         let prompt_tokens = req.messages.iter().map(|m| m.content.len()).sum();
         let stats = DecisionStats { prompt_tokens, generated_tokens: text.len(), ..DecisionStats::default() };
-        Ok(DriverOutput { text, thinking: None, complete, stats })
+        Ok(DriverOutput { text, thinking: None, complete, stats, answer_pending: false })
     }
 
     fn extend(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
         let Some(ScriptItem::More(text)) = self.items.front().cloned() else { return Ok(None) };
         self.items.pop_front();
         let stats = DecisionStats { generated_tokens: text.len(), ..DecisionStats::default() };
-        Ok(Some(DriverOutput { text, thinking: None, complete: true, stats }))
+        Ok(Some(DriverOutput { text, thinking: None, complete: true, stats, answer_pending: false }))
     }
 
     fn measure(&mut self, messages: &[ChatMessage], _tools: Option<&Value>) -> Result<Option<(usize, usize)>> {

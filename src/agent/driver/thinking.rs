@@ -106,6 +106,7 @@ mod tests {
             max_tokens: 64,
             attempt: 0,
             think_budget: budget,
+            stop_at_answer: false,
         }
     }
 
@@ -148,5 +149,26 @@ mod tests {
         let messages = [ChatMessage::user("hello")];
         let err = d.decide(&request(&messages, &grammar, 5)).unwrap_err().to_string();
         assert!(err.contains("think budget") && err.contains("thinking section"), "{err}");
+    }
+
+    /// A sampled attempt (a retry of a greedy driver) draws from a seed that starts over with each run
+    /// (`Driver::reseed`, called when a run starts): what earlier runs on the same driver drew does not
+    /// change it, so an eval's task or a server's request samples the same after any others.
+    #[test]
+    fn a_retry_samples_the_same_whatever_ran_before() {
+        let mut driver = driver(false);
+        let grammar = Grammar::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"answer": {"type": "string", "maxLength": 40}},
+            "required": ["answer"],
+        }));
+        let messages = [ChatMessage::user("Name a colour and an animal.")];
+        let req = DecisionRequest { attempt: 1, ..request(&messages, &grammar, 0) };
+        let draws: Vec<String> = (0..4).map(|_| driver.decide(&req).unwrap().text).collect();
+        // Each draw takes the next seed: they are not all the same text.
+        assert!(draws.iter().any(|d| *d != draws[0]), "{draws:?}");
+        // Started over, the driver draws the first text again.
+        driver.reseed();
+        assert_eq!(driver.decide(&req).unwrap().text, draws[0]);
     }
 }

@@ -19,8 +19,7 @@ impl Agent {
     /// where the decision's text stays the answer (after calls it is grounded in their results, written
     /// where they are in view). The reply's tokens and time join the step's `stats`.
     pub(super) fn own_words(&mut self, run: &mut RunState, stats: &mut DecisionStats) -> Result<Option<String>> {
-        let called = run.steps.iter().any(|s| !s.calls.is_empty()) || called_in(&run.request);
-        if !self.config.answer_in_own_words || self.config.format != DecisionFormat::React || called {
+        if !self.answers_in_own_words(run) {
             return Ok(None);
         }
         let messages = self.plain_turns(run);
@@ -44,6 +43,13 @@ impl Agent {
             return Ok(None);
         }
         Ok(Some(text.to_string()))
+    }
+
+    /// Whether an answer decided now would be replaced by the model's own reply: ReAct decisions, the
+    /// setting on, and no call yet in the conversation.
+    pub(super) fn answers_in_own_words(&self, run: &RunState) -> bool {
+        let called = run.steps.iter().any(|s| !s.calls.is_empty()) || called_in(&run.request);
+        self.config.answer_in_own_words && self.config.format == DecisionFormat::React && !called
     }
 
     /// The request as a plain chat: the caller's system text (or a plain helpful-assistant one), then its

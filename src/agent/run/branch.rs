@@ -41,6 +41,7 @@ impl Agent {
             max_tokens: 1,
             attempt: 0,
             think_budget: 0,
+            stop_at_answer: false,
         };
         let Some((margin, stats)) = self.driver.call_margin(&req)? else { return Ok(None) };
         run.stats.count(&stats);

@@ -53,9 +53,10 @@ pub(super) fn arithmetic_slips(
     Some(Failure::Arithmetic(error, serde_json::to_value(decision).unwrap_or(Value::Null)))
 }
 
-/// The failed call (tool, error) whose error text an answer repeats: it contains the error's first 40
-/// characters (or all of a shorter one of 12 or more), or it is 12 characters or more found in the error,
-/// compared without case and with runs of white space as one space.
+/// The failed call (tool, error) whose error text an answer repeats: it contains the first 40 characters
+/// of the error, or of the error's message after any of its `: ` prefixes (`exited with exit status: 1:
+/// no weather station …`), where those are 12 or more; or it is 12 characters or more found in the
+/// error; compared without case and with runs of white space as one space.
 pub(super) fn copied_failure<'f>(
     decision: &Decision,
     failures: &'f [(String, String)],
@@ -65,8 +66,35 @@ pub(super) fn copied_failure<'f>(
     let answer = norm(answer);
     failures.iter().rev().find(|(_, error)| {
         let error = norm(error);
-        let head: String = error.chars().take(40).collect();
-        (head.chars().count() >= 12 && answer.contains(&head))
+        let tails = std::iter::once(0).chain(error.match_indices(": ").map(|(i, _)| i + 2));
+        let mut heads = tails.map(|i| error[i..].chars().take(40).collect::<String>());
+        heads.any(|head| head.chars().count() >= 12 && answer.contains(&head))
             || (answer.chars().count() >= 12 && error.contains(&answer))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(text: &str) -> Decision {
+        Decision::FinalAnswer { thought: String::new(), answer: text.into() }
+    }
+
+    #[test]
+    fn an_answer_that_repeats_a_tools_error_is_found_with_or_without_its_prefixes() {
+        let failures = vec![(
+            "get_weather".to_string(),
+            "exited with exit status: 1: no weather station for 'Canada'".to_string(),
+        )];
+        let copied = |a: &str| copied_failure(&answer(a), &failures).map(|(tool, _)| tool.as_str());
+        assert_eq!(copied("Error: exited with exit status: 1: no weather station for 'Canada'"), Some("get_weather"));
+        // The message without the program's prefix, reworded around.
+        assert_eq!(copied("Error: No weather station for 'Canada'."), Some("get_weather"));
+        // A part of the error that is the whole answer.
+        assert_eq!(copied("no weather station"), Some("get_weather"));
+        // Not the error: an answer about the same thing in other words, or too short to tell.
+        assert_eq!(copied("It is -5 °C in Ottawa."), None);
+        assert_eq!(copied("Canada"), None);
+    }
 }

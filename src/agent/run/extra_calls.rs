@@ -38,6 +38,7 @@ impl Agent {
                 max_tokens: self.config.max_decision_tokens,
                 attempt: 0,
                 think_budget: 0,
+                stop_at_answer: false,
             };
             let Some(out) = self.driver.extend(&req)? else { break };
             decided.stats.add_generation(&out.stats);

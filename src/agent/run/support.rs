@@ -9,7 +9,11 @@
 //! question about files) is about as likely without the request. A value's support is the sum over its
 //! tokens (the log-ratio of the whole value's probabilities: `src/catalog.rs` for "the capital of
 //! France" gains at `src` what it loses at `catalog.rs`); a call's is that of its least supported value,
-//! or, for a call without values, that of its tool's name. `REAGENT_DEBUG_SUPPORT=1` prints each token's
+//! or, for a call without values, that of its tool's name. An optional argument given its schema's
+//! `default` is not scored: it states nothing the call would not do without it, and a model fills such
+//! arguments in whatever the request says (`"private": false`, `"genre": "dontcare"`), so scoring them
+//! dropped calls whose stated values the request gave (When2Call's development half:
+//! `benches/agent/w2c_replay.py`). `REAGENT_DEBUG_SUPPORT=1` prints each token's
 //! support to stderr, for calibrating a model.
 
 use crate::agent::decision::Decision;
@@ -50,7 +54,7 @@ pub(super) fn without_request(messages: &[ChatMessage]) -> Vec<ChatMessage> {
 /// log-probabilities with and without the request; `None` when the call is not found in the text.
 #[cfg(test)]
 pub(crate) fn support(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Option<f32> {
-    support_of(&value_scores(tokens, text, call))
+    support_of(&value_scores(tokens, text, call, None))
 }
 
 /// A call's support from its values' scores: that of its least supported value.
@@ -59,8 +63,14 @@ pub(crate) fn support_of(values: &[ValueScore]) -> Option<f32> {
 }
 
 /// Each value of `call` in `text` scored from the tokens' log-probabilities with and without the
-/// request: the tool's name for a call without values; none when the call is not found in the text.
-pub(crate) fn value_scores(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Vec<ValueScore> {
+/// request, but those of optional arguments given their default in `parameters` (the tool's schema):
+/// the tool's name for a call without other values; none when the call is not found in the text.
+pub(crate) fn value_scores(
+    tokens: &[(String, f32, f32)],
+    text: &str,
+    call: &ToolCall,
+    parameters: Option<&serde_json::Value>,
+) -> Vec<ValueScore> {
     let mut starts = Vec::with_capacity(tokens.len());
     let mut joined = String::new();
     for (piece, ..) in tokens {
@@ -81,7 +91,13 @@ pub(crate) fn value_scores(tokens: &[(String, f32, f32)], text: &str, call: &Too
     let Some(name) = text.find(&format!("\"{}\"", call.tool)).map(|i| i + 1) else { return Vec::new() };
     let at = name + call.tool.len();
     let mut values = Vec::new();
-    leaves(&call.args, &mut values);
+    match &call.args {
+        serde_json::Value::Object(args) => {
+            let stated = args.iter().filter(|(k, v)| !is_default(parameters, k, v));
+            stated.for_each(|(_, v)| leaves(v, &mut values));
+        }
+        other => leaves(other, &mut values),
+    }
     if values.is_empty() {
         return span(&call.tool, name, at).into_iter().collect();
     }
@@ -92,7 +108,7 @@ pub(crate) fn value_scores(tokens: &[(String, f32, f32)], text: &str, call: &Too
             Ok(_) => 1..v.len() - 1,
             Err(_) => 0..v.len(),
         };
-        let Some(i) = text[at..].find(&v).map(|i| i + at) else { continue };
+        let Some(i) = value_at(text, at, &v) else { continue };
         scores.extend(span(&v, i + inner.start, i + inner.end));
     }
     scores
@@ -109,6 +125,30 @@ fn without_thought(text: &str) -> Option<String> {
     }
     *thought = serde_json::Value::String(String::new());
     serde_json::to_string(&v).ok()
+}
+
+/// Where `value` (JSON text) first stands as a value in `text` after byte `from`: after `:`, `,` or `[`
+/// and before `,`, `}` or `]` (spaces aside), so that `1` is not found inside `123` or `"a 1"`.
+fn value_at(text: &str, from: usize, value: &str) -> Option<usize> {
+    text[from..].match_indices(value).map(|(i, _)| i + from).find(|&i| {
+        let before = text[..i].trim_end().chars().next_back();
+        let after = text[i + value.len()..].trim_start().chars().next();
+        matches!(before, Some(':' | ',' | '[')) && matches!(after, Some(',' | '}' | ']'))
+    })
+}
+
+/// Whether `key` is an optional argument in `parameters` whose schema's `default` is `value`.
+fn is_default(parameters: Option<&serde_json::Value>, key: &str, value: &serde_json::Value) -> bool {
+    let Some(p) = parameters else { return false };
+    let required = p.get("required").and_then(|r| r.as_array()).is_some_and(|r| r.iter().any(|n| n == key));
+    let default = p.get("properties").and_then(|ps| ps.get(key)?.get("default"));
+    // Numbers by value: a default of `0.0` is given as `0` too.
+    let same = match (default, value) {
+        (Some(d), v) if d.is_number() && v.is_number() => d.as_f64() == v.as_f64(),
+        (Some(d), v) => d == v,
+        (None, _) => false,
+    };
+    !required && same
 }
 
 /// The non-empty leaf values of `v` as JSON text (strings with their quotes).
@@ -146,7 +186,8 @@ impl Agent {
             let shown: Vec<String> = tokens.iter().map(|(p, a, b)| format!("{p:?}:{:+.1}", a - b)).collect();
             eprintln!("[support] {}", shown.join(" "));
         }
-        Ok(value_scores(&tokens, text, &call))
+        let parameters = self.executor.tools().get(&call.tool).map(|t| t.spec().parameters.clone());
+        Ok(value_scores(&tokens, text, &call, parameters.as_ref()))
     }
 }
 
@@ -176,9 +217,41 @@ mod tests {
         assert_eq!(support(&t, &text, &call), Some(6.25));
         // Each value's scores are kept, for other measures offline: both sums over its tokens.
         let call = ToolCall::new("get_weather", json!({"city": "Paris", "days": 3}));
-        let scores = value_scores(&t, &text, &call);
+        let scores = value_scores(&t, &text, &call, None);
         let pairs: Vec<(&str, f32, f32)> = scores.iter().map(|v| (v.value.as_str(), v.with, v.without)).collect();
         assert_eq!(pairs, vec![("\"Paris\"", 0.25, -6.0), ("3", -2.5, -3.0)]);
+        // A number is found where it stands as a value, not inside another one.
+        let (t, text) =
+            tokens(r#"{"tool": "|f|", "args": {"a": "|x 3|", "b": |3|}}"#, &[0.0, 0.0, 0.0, 5.0, 0.0, -1.0, 0.0]);
+        assert_eq!(support(&t, &text, &ToolCall::new("f", json!({"a": "x 3", "b": 3}))), Some(-1.0));
+    }
+
+    #[test]
+    fn an_optional_argument_given_its_default_is_not_scored() {
+        let (t, text) = tokens(
+            r#"{"tool": "|ride|", "args": {"from": "|Elm| Main| St|", "shared": |false|, "seats": |1|}}"#,
+            &[0.0, 1.0, 0.0, 9.0, 8.0, 7.0, 0.0, 0.25, 0.0, -0.5, 0.0],
+        );
+        let call = ToolCall::new("ride", json!({"from": "Elm Main St", "shared": false, "seats": 1}));
+        let schema = json!({"type": "object", "required": ["from"], "properties": {
+            "from": {"type": "string"},
+            "shared": {"type": "boolean", "default": false},
+            "seats": {"type": "integer", "default": 2.0},
+        }});
+        // `shared` is its default: left out. `seats` is not (1, not 2): the made-up value decides.
+        let scored = value_scores(&t, &text, &call, Some(&schema));
+        assert_eq!(scored.iter().map(|v| v.value.as_str()).collect::<Vec<_>>(), ["\"Elm Main St\"", "1"]);
+        assert_eq!(support_of(&scored), Some(-0.5));
+        // Without a schema every value counts.
+        assert_eq!(support(&t, &text, &call), Some(-0.5));
+        let call = ToolCall::new("ride", json!({"from": "Elm Main St", "shared": false}));
+        assert_eq!(support_of(&value_scores(&t, &text, &call, Some(&schema))), Some(24.0));
+        assert_eq!(support(&t, &text, &call), Some(0.25));
+        // A number is its default however it is written.
+        assert!(is_default(Some(&schema), "seats", &json!(2)) && !is_default(Some(&schema), "seats", &json!(1)));
+        // A required argument is scored whatever its default.
+        let schema = json!({"required": ["from", "shared"], "properties": {"shared": {"default": false}}});
+        assert_eq!(support_of(&value_scores(&t, &text, &call, Some(&schema))), Some(0.25));
     }
 
     #[test]
