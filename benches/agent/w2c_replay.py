@@ -4,7 +4,7 @@
     python3 benches/agent/w2c_replay.py DEV.jsonl KEEP.jsonl [--bias B] [--at T] [--measure M]
 
 DEV: `../shared/when2call-dev/dev-150.jsonl`. KEEP: a `reagent eval --dry-run` run of the same items as
-task files (`benches/agent/w2c_tasks.py`), with every first decision made to call and every call's
+task files (`benches/agent/w2c_tasks.py DEV > TASKS`), with every first decision made to call and every call's
 support recorded: `--format react --max-thought-chars 0 --call-bias 100 --min-support=-1000
 --abstain-below 0`. Each line then has the raw call margin (the model's call-over-answer logit margin)
 and each value's scores with and without the request, so a call bias B and a support threshold T give,
@@ -17,6 +17,11 @@ items 0, 2, 4, … of each kind in file order, the check half the odd ones.
 """
 import argparse
 import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from w2c_tasks import function  # noqa: E402
 
 
 def leaves(v, out):
@@ -89,13 +94,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dev")
     ap.add_argument("keep")
-    ap.add_argument("--tasks", default="/tmp/w2c/tasks.jsonl", help="the task file the run used (for schemas)")
     ap.add_argument("--bias", type=float)
     ap.add_argument("--at", type=float)
     ap.add_argument("--measure", default=None)
+    ap.add_argument("--as-run", action="store_true",
+                    help="score KEEP's decisions as they were made (a run with the settings themselves)")
     a = ap.parse_args()
     items = [json.loads(l) for l in open(a.dev)]
-    tasks = {t["id"]: t for t in map(json.loads, open(a.tasks))}
+    tasks = {it["uuid"]: {"functions": [function(t) for t in it["tools"]]} for it in items}
     runs = {r["id"]: r for r in map(json.loads, open(a.keep))}
     half, seen = {}, {}
     for it in items:
@@ -136,6 +142,10 @@ def main():
         print(f"{label:38} " + "  ".join(parts))
 
     print(f"{len(rows)} items replayed")
+    if a.as_run:
+        rows = [(h, kind, target, called, None, ms) for h, kind, target, called, _, ms in rows]
+        show("as run", 0.0, None, None)
+        return
     biases = [a.bias] if a.bias is not None else [0.0, -1.0, -2.0, -3.0, -3.75, -4.5, -5.0, -6.0]
     for bias in biases:
         show(f"bias {bias:+.2f}, no support check", bias, None, None)

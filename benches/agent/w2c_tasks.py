@@ -33,7 +33,8 @@ def function(text):
     return f
 
 
-for line in open(sys.argv[1]):
-    it = json.loads(line)
-    print(json.dumps({"id": it["uuid"], "messages": [{"role": "user", "content": it["question"]}],
-                      "functions": [function(t) for t in it["tools"]]}))
+if __name__ == "__main__":
+    for line in open(sys.argv[1]):
+        it = json.loads(line)
+        print(json.dumps({"id": it["uuid"], "messages": [{"role": "user", "content": it["question"]}],
+                          "functions": [function(t) for t in it["tools"]]}))
