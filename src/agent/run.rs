@@ -336,17 +336,7 @@ impl Agent {
         if let Some((g, threshold, measure)) = support::dropped_by(&self.config, grounding, named, support) {
             let calls = decided.decision.calls();
             self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold, measure });
-            self.driver.rollback();
-            let raised = &mut run.pending_raised;
-            let checks = Checks {
-                call_only: None,
-                slips: None,
-                failures: &run.failures,
-                pending: None,
-                raised,
-                stop_at_answer: false,
-            };
-            match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
+            match self.answer_instead(step_no, run, messages, grammars, tools)? {
                 Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
                 Attempt::Stop(s) => return Ok(Some(s)),
             }
@@ -369,25 +359,13 @@ impl Agent {
                     decision = Decision::FinalAnswer { thought: String::new(), answer: own };
                 }
                 // The decision stopped at its choice, and the reply failed: its answer is written after all.
-                None if answer_pending => {
-                    self.driver.rollback();
-                    let raised = &mut run.pending_raised;
-                    let checks = Checks {
-                        call_only: None,
-                        slips: None,
-                        failures: &run.failures,
-                        pending: None,
-                        raised,
-                        stop_at_answer: false,
-                    };
-                    match self.attempt(step_no, messages, &grammars.answer_only, checks, tools, &mut run.stats)? {
-                        Attempt::Decided(d) => {
-                            stats.add_generation(&d.stats);
-                            (decision, text, retries) = (d.decision, d.text, retries + d.retries);
-                        }
-                        Attempt::Stop(s) => return Ok(Some(s)),
+                None if answer_pending => match self.answer_instead(step_no, run, messages, grammars, tools)? {
+                    Attempt::Decided(d) => {
+                        stats.add_generation(&d.stats);
+                        (decision, text, retries) = (d.decision, d.text, retries + d.retries);
                     }
-                }
+                    Attempt::Stop(s) => return Ok(Some(s)),
+                },
                 None => {}
             }
         }
@@ -489,6 +467,29 @@ impl Agent {
         }
         self.finish_step(step_no, step, run, messages, forced_after_error, &rec.started);
         None
+    }
+
+    /// The step decided again as an answer, its last decision forgotten: after a first call that was
+    /// dropped, or after a decision that stopped at its choice to answer and whose reply failed. Only an
+    /// answer that repeats a tool's error is sent back.
+    fn answer_instead(
+        &mut self,
+        step: usize,
+        run: &mut RunState,
+        messages: &mut [ChatMessage],
+        grammars: &StepGrammars,
+        tools: Option<&Value>,
+    ) -> Result<Attempt> {
+        self.driver.rollback();
+        let checks = Checks {
+            call_only: None,
+            slips: None,
+            failures: &run.failures,
+            pending: None,
+            raised: &mut run.pending_raised,
+            stop_at_answer: false,
+        };
+        self.attempt(step, messages, &grammars.answer_only, checks, tools, &mut run.stats)
     }
 
     /// Gets one valid decision, retrying extraction and validation failures with the error fed back. An

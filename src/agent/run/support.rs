@@ -186,8 +186,8 @@ impl Agent {
             let shown: Vec<String> = tokens.iter().map(|(p, a, b)| format!("{p:?}:{:+.1}", a - b)).collect();
             eprintln!("[support] {}", shown.join(" "));
         }
-        let parameters = self.executor.tools().get(&call.tool).map(|t| t.spec().parameters.clone());
-        Ok(value_scores(&tokens, text, &call, parameters.as_ref()))
+        let tool = self.executor.tools().get(&call.tool);
+        Ok(value_scores(&tokens, text, &call, tool.map(|t| &t.spec().parameters)))
     }
 }
 
