@@ -321,7 +321,7 @@ fn the_library_applies_the_catalogs_settings() {
     let run = build(None);
     assert_eq!(run.config().format, DecisionFormat::React);
     assert_eq!(run.config().decision.max_thought_chars, 0);
-    assert_eq!((run.config().abstain_below, run.config().min_support), (None, Some(1.4)));
+    assert_eq!((run.config().abstain_below, run.config().min_support), (None, Some(0.8)));
     assert_eq!(run.config().first_call, FirstCall::WhenNeeded);
     assert_eq!(run.config().max_steps, 5, "the builder's own settings are kept");
     let entry = Catalog::builtin().get("qwen2.5-coder-0.5b").cloned();
@@ -336,9 +336,12 @@ fn the_library_applies_the_catalogs_settings() {
     );
     let fallen = AgentConfig::for_model(entry.as_ref(), Profile::SingleDecision, false).unwrap();
     assert_eq!((fallen.format, fallen.branch_biases), (DecisionFormat::React, Default::default()));
-    // The run settings are ReAct's own: kept either way.
+    // The run settings are ReAct's own: kept either way (the 0.5B's run has no call bias; the 1.5B's has).
     let react = AgentConfig::for_model(entry.as_ref(), Profile::Run, false).unwrap();
-    assert_eq!(react.branch_biases.call, -3.75);
+    assert_eq!((react.branch_biases.call, react.min_support), (0.0, Some(0.8)));
+    let larger = Catalog::builtin().get("qwen2.5-coder-1.5b").cloned();
+    let react = AgentConfig::for_model(larger.as_ref(), Profile::Run, false).unwrap();
+    assert_eq!((react.branch_biases.call, react.min_support), (-3.0, Some(1.5)));
 
     let single = build(Some(Profile::SingleDecision));
     assert_eq!(single.config().format, DecisionFormat::Native);

@@ -37,9 +37,14 @@ impl Agent {
         stats.reused_tokens += out.stats.reused_tokens;
         stats.seconds += out.stats.seconds;
         run.stats.count(&out.stats);
-        let text = out.text.trim();
+        // A reply cut at the bound is kept up to its last full sentence: a long reply, shortened, answers
+        // better than a one-line JSON answer decoded again.
+        let text = match out.complete {
+            true => out.text.trim(),
+            false => whole_sentences(&out.text),
+        };
         let own = Decision::FinalAnswer { thought: String::new(), answer: text.to_string() };
-        if text.is_empty() || !out.complete || copied_failure(&own, &run.failures).is_some() {
+        if text.is_empty() || copied_failure(&own, &run.failures).is_some() {
             return Ok(None);
         }
         Ok(Some(text.to_string()))
@@ -83,6 +88,27 @@ pub(super) fn called_in(conversation: &[ChatMessage]) -> bool {
     })
 }
 
+/// `text` up to the end of its last full sentence or line (a full stop, question or exclamation mark
+/// followed by white space, or a line break), outside an unclosed code block; empty where there is none.
+fn whole_sentences(text: &str) -> &str {
+    let mut text = text;
+    // A code block the cut left open is dropped whole.
+    if text.matches("```").count() % 2 == 1 {
+        text = &text[..text.rfind("```").unwrap_or(0)];
+    }
+    let ends = text.char_indices().filter(|&(i, c)| {
+        let next = text[i + c.len_utf8()..].chars().next();
+        // `2.` opening a line is a list's number.
+        let line = &text[text[..i].rfind('\n').map_or(0, |j| j + 1)..i];
+        let numbered = c == '.' && line.trim().chars().all(|d| d.is_ascii_digit());
+        c == '\n' || (matches!(c, '.' | '!' | '?') && next.is_some_and(char::is_whitespace) && !numbered)
+    });
+    match ends.last() {
+        Some((i, c)) => text[..i + c.len_utf8()].trim(),
+        None => "",
+    }
+}
+
 /// The ReAct decision that keeps `answer` in the conversation.
 pub(super) fn answer_text(answer: &str) -> String {
     serde_json::json!({"thought": "", "type": "final_answer", "answer": answer}).to_string()
@@ -92,4 +118,20 @@ pub(super) fn answer_text(answer: &str) -> String {
 fn answer_of(text: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(text).ok()?;
     (v.get("type")?.as_str()? == "final_answer").then(|| v.get("answer")?.as_str().map(str::to_string))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_sentences;
+
+    #[test]
+    fn a_cut_reply_keeps_its_whole_sentences() {
+        assert_eq!(whole_sentences("Water boils at 100 C. At altitude it boils at less th"), "Water boils at 100 C.");
+        assert_eq!(whole_sentences("Tips:\n1. Sleep well\n2. Take brea"), "Tips:\n1. Sleep well");
+        // A number's point is not a sentence's end; a reply with no end keeps nothing.
+        assert_eq!(whole_sentences("Pi is 3.14159 and e is 2.71"), "");
+        // An open code block is dropped with what follows it.
+        assert_eq!(whole_sentences("Like this.\n```python\nprint(1)\n"), "Like this.");
+        assert_eq!(whole_sentences("Done! ```a``` then. And mo"), "Done! ```a``` then.");
+    }
 }
