@@ -343,6 +343,22 @@ fn model_driver_reuses_the_kv_prefix_and_keeps_tool_text_out_of_control_tokens()
 }
 
 #[test]
+fn an_agent_on_a_model_keeps_its_system_prompt_across_answers_in_its_own_words() {
+    // Each run ends with the model's own reply, a plain chat turn whose prompt replaces the KV cache;
+    // the next run's decision takes the system prompt's KV back from the copy kept in memory.
+    let path = common::tiny_long_path(reagent::model::Arch::Qwen2);
+    let model = reagent::Model::load(&path, &reagent::LoadOptions::default()).unwrap();
+    let mut a = Agent::builder().model(model).unwrap().tool(calc()).tool_choice(ToolChoice::None).build().unwrap();
+    let first = a.run("hello").unwrap();
+    let second = a.run("hello again").unwrap();
+    let (one, two) = (&first.steps[0].stats, &second.steps[0].stats);
+    // The tiny vocabulary is mostly single bytes: the system prompt is some hundreds of tokens, where the
+    // first run's reply shared only the chat template's opening with the decision before it.
+    assert!(one.reused_tokens < 50, "{one:?}");
+    assert!(two.reused_tokens > 200 && two.reused_tokens < two.prompt_tokens, "{two:?}");
+}
+
+#[test]
 fn tool_output_cannot_produce_control_tokens() {
     let model = common::tiny_model(reagent::model::Arch::Qwen2);
     let tok = model.tokenizer();

@@ -173,6 +173,10 @@ pub trait Driver: Send {
     }
 }
 
+/// What [`ModelDriver::with_recent_prefixes`] keeps where reagent keeps copies of the KV cache (an agent
+/// built on a model, `reagent chat`, `reagent serve`): the system prompt of a 1.5B model takes ~60 MB.
+pub const RECENT_PREFIX_BYTES: usize = 256 << 20;
+
 /// A model, constrained by the decision grammar or free.
 pub struct ModelDriver {
     model: Model,

@@ -43,6 +43,7 @@ pub use crate::tools::ToolCall;
 pub use decision::{BranchBiases, Decision, DecisionError, DecisionFormat, DecisionOptions, ToolChoice};
 pub use driver::{
     DecisionRequest, Driver, DriverOutput, ModelDriver, RemoteConstraint, RemoteDriver, ScriptItem, ScriptedDriver,
+    RECENT_PREFIX_BYTES,
 };
 pub use event_log::{read_trace, EventLog, RecordedRun, RecordedStep, TraceHeader, TRACE_VERSION};
 pub use events::{
@@ -345,9 +346,12 @@ impl AgentBuilder {
         self.driver = Some(d);
         self
     }
-    /// A constrained driver over `model` with greedy decoding.
+    /// A constrained driver over `model` with greedy decoding, keeping copies of the KV cache where a
+    /// prompt departs from it ([`ModelDriver::with_recent_prefixes`]): an answer in the model's own words
+    /// replaces the cache, and the next run would otherwise compute its system prompt again.
     pub fn model(self, model: crate::text::Model) -> Result<Self> {
-        Ok(self.driver(ModelDriver::constrained(model, crate::decode::sampler::Sampling::Greedy, 0)?))
+        let driver = ModelDriver::constrained(model, crate::decode::sampler::Sampling::Greedy, 0)?;
+        Ok(self.driver(driver.with_recent_prefixes(driver::RECENT_PREFIX_BYTES)))
     }
     pub fn tool(mut self, t: impl Tool + 'static) -> Self {
         self.tools.push(Arc::new(t));

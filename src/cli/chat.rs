@@ -15,10 +15,6 @@ use super::agent::{one_endpoint, remote_driver, run_config, run_driver, run_tool
 use super::args::ChatArgs;
 use super::display;
 
-/// What the KV copies of the conversation's prompts (the decision's, the answer's, the call score's) may
-/// take in memory: switching between them then recomputes nothing.
-const RECENT_PREFIX_BYTES: usize = 256 << 20;
-
 const HELP: &str = "\
 /help          this list
 /tools         the tools the agent can call
@@ -36,7 +32,7 @@ pub(super) fn chat(a: ChatArgs, cancel: Cancel) -> Result<ExitCode> {
             let (driver, id, constraint) = remote_driver(url, &a.remote, a.opts.model.model.as_deref())?;
             (Box::new(driver) as Box<dyn Driver>, Some((id, constraint)))
         }
-        None => (Box::new(run_driver(&a.opts)?.0.with_recent_prefixes(RECENT_PREFIX_BYTES)), None),
+        None => (Box::new(run_driver(&a.opts)?.0.with_recent_prefixes(reagent::agent::RECENT_PREFIX_BYTES)), None),
     };
     let entry = driver.catalog_entry();
     a.opts.agent.decision.apply(&mut config, entry.as_ref(), Profile::Run, driver.supports_native())?;

@@ -173,7 +173,7 @@ pub(super) fn show_event(e: &reagent::agent::AgentEvent, colour: bool) {
                 reagent::agent::DropMeasure::Grounding => {
                     format!("{}% of its values are the user's words", (grounding * 100.0).round())
                 }
-                _ => format!("the request supports it by {grounding:.1} nats (under {threshold})"),
+                _ => format!("the request supports it by {grounding:.2} nats (under {threshold})"),
             };
             paint("33", format!("   ✗ {} dropped: {why}", names.join(", ")))
         }

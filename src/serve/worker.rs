@@ -58,10 +58,6 @@ pub(crate) struct Job {
 /// The longest answer of a chat request that sets no `max_tokens`.
 const DEFAULT_MAX_TOKENS: usize = 2048;
 
-/// The KV of recent conversations kept in memory, so clients taking turns are not prefilled again: about
-/// ten 1,000-token conversations of the 0.5B.
-const RECENT_KV_BYTES: usize = 256 << 20;
-
 pub(crate) struct Worker {
     driver: Arc<Mutex<ModelDriver>>,
     profile: Profile,
@@ -84,7 +80,7 @@ impl Worker {
         think_budget: Option<usize>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let driver = Arc::new(Mutex::new(driver.with_recent_prefixes(RECENT_KV_BYTES)));
+        let driver = Arc::new(Mutex::new(driver.with_recent_prefixes(crate::agent::RECENT_PREFIX_BYTES)));
         Self { driver, profile, parallel_calls, think_budget, metrics }
     }
 

@@ -96,14 +96,14 @@ fn whole_sentences(text: &str) -> &str {
     if text.matches("```").count() % 2 == 1 {
         text = &text[..text.rfind("```").unwrap_or(0)];
     }
-    let ends = text.char_indices().filter(|&(i, c)| {
+    let mut ends = text.char_indices().filter(|&(i, c)| {
         let next = text[i + c.len_utf8()..].chars().next();
         // `2.` opening a line is a list's number.
         let line = &text[text[..i].rfind('\n').map_or(0, |j| j + 1)..i];
         let numbered = c == '.' && line.trim().chars().all(|d| d.is_ascii_digit());
         c == '\n' || (matches!(c, '.' | '!' | '?') && next.is_some_and(char::is_whitespace) && !numbered)
     });
-    match ends.last() {
+    match ends.next_back() {
         Some((i, c)) => text[..i + c.len_utf8()].trim(),
         None => "",
     }
