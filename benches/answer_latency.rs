@@ -2,7 +2,7 @@
 //! the agent (catalog settings, built-in tools over `tests/data/agent_fixture`) runs requests whose right
 //! move is an answer, and a driver that forwards to the model's times each `answer` from its call (the
 //! decision is made) to the first piece of text it streams. Also the whole run's time, for scale (the
-//! system prompt's KV kept in memory between runs, as `reagent chat` and `reagent serve` keep it).
+//! system prompt's KV kept in memory between runs, as an agent built on a model keeps it).
 //!
 //! ```sh
 //! cargo bench --bench answer_latency              # the default model
@@ -10,9 +10,9 @@
 //! ```
 //!
 //! Not a test: it prints figures (median and worst over the requests, the first run left out as the
-//! warm-up that loads the prompt cache and builds the grammars).
+//! warm-up that computes the system prompt and builds the grammars).
 
-use reagent::agent::{Agent, DecisionRequest, Driver, DriverOutput, ModelDriver};
+use reagent::agent::{Agent, DecisionRequest, Driver, DriverOutput, ModelDriver, RECENT_PREFIX_BYTES};
 use reagent::catalog::{self, Catalog, FetchOptions};
 use reagent::tools::{builtin_tools, BuiltinOptions};
 use reagent::{ChatMessage, Grammar, LoadOptions, Model, Role, Sampling};
@@ -137,9 +137,9 @@ fn main() -> reagent::Result<()> {
     };
     let model = Model::load(&path, &LoadOptions::default())?;
     let latencies: Latencies = Arc::default();
-    // As in `reagent chat` and `reagent serve`: the system prompt's KV kept in memory while a reply in
-    // the model's own words uses the cache, so each run does not compute it again.
-    let inner = ModelDriver::constrained(model, Sampling::Greedy, 0)?.with_recent_prefixes(256 << 20);
+    // As `Agent::builder().model` does: the system prompt's KV kept in memory while a reply in the
+    // model's own words uses the cache, so each run does not compute it again.
+    let inner = ModelDriver::constrained(model, Sampling::Greedy, 0)?.with_recent_prefixes(RECENT_PREFIX_BYTES);
     let driver = Timed { inner, latencies: latencies.clone() };
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/agent_fixture");
     let tools = builtin_tools(&BuiltinOptions::default().root(root))?;

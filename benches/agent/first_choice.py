@@ -21,8 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from w2c_replay import measures  # noqa: E402
-from w2c_tasks import function  # noqa: E402
+from w2c_replay import replay_rows, score  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -60,38 +59,6 @@ def everyday_score(rows, bias, support):
     return right
 
 
-def w2c_rows(dev, keep):
-    runs = {r["id"]: r for r in map(json.loads, open(keep))}
-    seen, halves = {}, {"tune": [], "check": []}
-    for line in open(dev):
-        it = json.loads(line)
-        kind = it["correct_answer"]
-        half = "tune" if seen.get(kind, 0) % 2 == 0 else "check"
-        seen[kind] = seen.get(kind, 0) + 1
-        r = runs.get(it["uuid"])
-        if r is None:
-            continue
-        target = json.loads(it["answers"]["tool_call"])["name"].replace(".", "_") if kind == "tool_call" else None
-        ms = measures(r, [function(t) for t in it["tools"]])
-        called = r["calls"][0]["name"] if r["calls"] else None
-        halves[half].append((kind, target, called, r.get("call_margin"), ms.get("non-default")))
-    return halves
-
-
-def w2c_score(rows, bias, support):
-    tc = tc_n = nc = nc_n = 0
-    for kind, target, called, margin, sup in rows:
-        call = called is not None and (margin is None or margin + bias > 0)
-        call = call and not (sup is not None and sup < support)
-        if kind == "tool_call":
-            tc_n += 1
-            tc += call and called == target
-        else:
-            nc_n += 1
-            nc += not call
-    return 50 * (tc / max(tc_n, 1) + nc / max(nc_n, 1))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--everyday", action="append", default=[], metavar="HALF=KEEP")
@@ -104,15 +71,16 @@ def main():
     for spec in a.everyday:
         half, keep = spec.split("=", 1)
         everyday[half] = everyday_rows(half, keep)
-    w2c = w2c_rows(a.w2c_dev, a.w2c) if a.w2c else {}
+    w2c = replay_rows(a.w2c_dev, a.w2c) if a.w2c else []
     biases = a.bias or [0.0, -1.0, -2.0, -3.0, -3.75]
     supports = a.support or [0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 2.0]
-    head = [f"everyday {h} (/{len(r)})" for h, r in everyday.items()] + [f"w2c {h}" for h in w2c]
+    w2c_halves = ["tune", "check"] if w2c else []
+    head = [f"everyday {h} (/{len(r)})" for h, r in everyday.items()] + [f"w2c {h}" for h in w2c_halves]
     print("bias   support  " + "  ".join(head))
     for b in biases:
         for s in supports:
             cells = [f"{everyday_score(r, b, s):>{len(h)}}" for (h, r) in zip(head, everyday.values())]
-            cells += [f"{w2c_score(r, b, s):>{len(f'w2c {h}')}.1f}" for h, r in w2c.items()]
+            cells += [f"{score(w2c, b, 'non-default', s, h)[0]:>{len(f'w2c {h}')}.1f}" for h in w2c_halves]
             print(f"{b:+6.2f} {s:7.2f}  " + "  ".join(cells))
 
 

@@ -90,6 +90,53 @@ def measures(rec, functions):
     return m
 
 
+def halves(items):
+    """Each item's half: items 0, 2, 4, ... of each kind in file order tune, the others check."""
+    half, seen = {}, {}
+    for it in items:
+        k = it["correct_answer"]
+        half[it["uuid"]] = "tune" if seen.get(k, 0) % 2 == 0 else "check"
+        seen[k] = seen.get(k, 0) + 1
+    return half
+
+
+def replay_rows(dev, keep):
+    """(half, kind, target tool, tool called, call margin, support measures) for each item KEEP ran."""
+    items = [json.loads(l) for l in open(dev)]
+    runs = {r["id"]: r for r in map(json.loads, open(keep))}
+    half = halves(items)
+    rows = []
+    for it in items:
+        r = runs.get(it["uuid"])
+        if r is None:
+            continue
+        kind = it["correct_answer"]
+        target = json.loads(it["answers"]["tool_call"])["name"].replace(".", "_") if kind == "tool_call" else None
+        called = r["calls"][0]["name"] if r["calls"] else None
+        ms = measures(r, [function(t) for t in it["tools"]])
+        rows.append((half[it["uuid"]], kind, target, called, r.get("call_margin"), ms))
+    return rows
+
+
+def score(rows, bias, measure, t, which):
+    """Balanced, right tool and no-call counts of the `which` half ("all": both) at a call bias and a
+    support threshold `t` on `measure` (`None`: no support check)."""
+    tc = tc_n = nc = nc_n = 0
+    for h, kind, target, called, margin, ms in rows:
+        if which != "all" and h != which:
+            continue
+        call = called is not None and (margin is None or margin + bias > 0)
+        if call and measure and t is not None and ms.get(measure) is not None and ms[measure] < t:
+            call = False
+        if kind == "tool_call":
+            tc_n += 1
+            tc += call and called == target
+        else:
+            nc_n += 1
+            nc += not call
+    return 50 * (tc / max(tc_n, 1) + nc / max(nc_n, 1)), tc, tc_n, nc, nc_n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dev")
@@ -100,44 +147,12 @@ def main():
     ap.add_argument("--as-run", action="store_true",
                     help="score KEEP's decisions as they were made (a run with the settings themselves)")
     a = ap.parse_args()
-    items = [json.loads(l) for l in open(a.dev)]
-    tasks = {it["uuid"]: {"functions": [function(t) for t in it["tools"]]} for it in items}
-    runs = {r["id"]: r for r in map(json.loads, open(a.keep))}
-    half, seen = {}, {}
-    for it in items:
-        k = it["correct_answer"]
-        half[it["uuid"]] = "tune" if seen.get(k, 0) % 2 == 0 else "check"
-        seen[k] = seen.get(k, 0) + 1
-    rows = []
-    for it in items:
-        r = runs.get(it["uuid"])
-        if r is None:
-            continue
-        target = json.loads(it["answers"]["tool_call"])["name"].replace(".", "_") if it["correct_answer"] == "tool_call" else None
-        called = r["calls"][0]["name"] if r["calls"] else None
-        rows.append((half[it["uuid"]], it["correct_answer"], target, called, r.get("call_margin"),
-                     measures(r, tasks[it["uuid"]]["functions"])))
-
-    def score(bias, measure, t, which):
-        tc = tc_n = nc = nc_n = 0
-        for h, kind, target, called, margin, ms in rows:
-            if which != "all" and h != which:
-                continue
-            call = called is not None and (margin is None or margin + bias > 0)
-            if call and measure and t is not None and ms.get(measure) is not None and ms[measure] < t:
-                call = False
-            if kind == "tool_call":
-                tc_n += 1
-                tc += call and called == target
-            else:
-                nc_n += 1
-                nc += not call
-        return 50 * (tc / max(tc_n, 1) + nc / max(nc_n, 1)), tc, tc_n, nc, nc_n
+    rows = replay_rows(a.dev, a.keep)
 
     def show(label, bias, measure, t):
         parts = []
         for which in ("tune", "check", "all"):
-            b, tc, tcn, nc, ncn = score(bias, measure, t, which)
+            b, tc, tcn, nc, ncn = score(rows, bias, measure, t, which)
             parts.append(f"{which} {b:5.1f} ({tc}/{tcn}, {nc}/{ncn})")
         print(f"{label:38} " + "  ".join(parts))
 
