@@ -161,7 +161,8 @@ fn tool_errors_timeouts_and_panics_become_observations() {
             call("panics", json!({})).into(),
             answer("x").into(),
         ],
-        AgentConfig::default(),
+        // Each failure is followed by another tool's.
+        AgentConfig::default().retry_failed_tool(false),
     );
     let t = a.run("task").unwrap();
     assert_eq!(t.final_answer.as_deref(), Some("x"));
@@ -711,7 +712,8 @@ fn after_a_slip_the_retry_calls_and_a_slip_is_sent_back_once() {
 }
 
 /// Going back to a call made before the previous one (read, compute, read again) is refused with the
-/// result already known, and the run must answer; a call that failed may be made again.
+/// outcome already known (a result or an error of a read-only tool), and the run must answer; a failed
+/// call of a tool that is not read-only may be made again.
 #[test]
 fn a_cycle_of_calls_is_refused_with_the_known_result() {
     let (mut a, ev) = agent(
@@ -735,10 +737,23 @@ fn a_cycle_of_calls_is_refused_with_the_known_result() {
             call("fails", json!({})).into(),
             answer("done").into(),
         ],
-        AgentConfig::default(),
+        AgentConfig::default().retry_failed_tool(false),
     );
     let t = a.run("try again").unwrap();
     assert!(matches!(t.steps[2].calls[0].outcome, CallOutcome::Error { .. }), "{:?}", t.steps[2].calls[0].outcome);
+
+    let (mut a, _) = agent(
+        vec![
+            call("calc", json!({"expression": "1-"})).into(),
+            call("calc", json!({"expression": "4+5"})).into(),
+            call("calc", json!({"expression": "1-"})).into(),
+            answer("9").into(),
+        ],
+        AgentConfig::default(),
+    );
+    let t = a.run("1- and 4+5?").unwrap();
+    let refused = CallOutcome::Repeated { output: "Error: expected a+b".into(), times: 1 };
+    assert_eq!(t.steps[2].calls[0].outcome, refused);
 
     // A tool that is not read-only in between (it may have changed what the call reads), or a call of a
     // tool that is not read-only: the call runs again.
@@ -772,7 +787,7 @@ fn a_must_call_first_step_is_never_dropped() {
 /// twice in a row: a second failure leaves the choice free.
 #[test]
 fn call_after_error_makes_the_next_decision_a_call_once() {
-    let config = AgentConfig::default().call_after_error(true);
+    let config = AgentConfig::default().call_after_error(true).retry_failed_tool(false);
     let (mut a, _) = agent(
         vec![
             call("fails", json!({})).into(),
@@ -793,6 +808,31 @@ fn call_after_error_makes_the_next_decision_a_call_once() {
     );
     let t = a.run("task").unwrap();
     assert_eq!((t.final_answer.as_deref(), t.steps[2].retries), (Some("no luck"), 0));
+}
+
+/// After a failed call whose error names no other tool, the next decision may call that tool again or
+/// answer, but not reach for another tool (its output would answer a question it was never asked).
+#[test]
+fn after_a_failed_call_the_next_decision_retries_that_tool_or_answers() {
+    let script = || {
+        vec![
+            call("fails", json!({})).into(),
+            call("calc", json!({"expression": "1+2"})).into(),
+            call("fails", json!({})).into(),
+            answer("The disk tool is not working right now.").into(),
+        ]
+    };
+    let (mut a, events) = agent(script(), AgentConfig::default());
+    let t = a.run("is the disk ok?").unwrap();
+    assert_eq!(t.steps[1].retries, 1, "another tool after the failure is not a valid decision");
+    assert_eq!(t.steps[1].calls[0].call.tool, "fails");
+    assert!(kinds(&events).contains(&"validation_failed".to_string()));
+    assert_eq!(t.final_answer.as_deref(), Some("The disk tool is not working right now."));
+
+    // Off: the model's choice is free.
+    let (mut a, _) = agent(script(), AgentConfig::default().retry_failed_tool(false));
+    let t = a.run("is the disk ok?").unwrap();
+    assert_eq!((t.steps[1].retries, t.steps[1].calls[0].call.tool.as_str()), (0, "calc"));
 }
 
 /// A tool whose argument schema llguidance cannot compile (a look-ahead in a pattern, as some MCP servers

@@ -210,13 +210,13 @@ fn the_similar_name_fallback_skips_hidden_files() {
     assert!(named.as_str().unwrap().contains("this is .git/config"), "{named}");
 }
 
-/// An answer that repeats a failed call's error is sent back, to call again (another tool or path), with
-/// no words about it; where the step must answer and every attempt repeats the error, the run ends
-/// without an answer and says what failed.
+/// An answer that repeats a failed call's error is sent back, to call again (with the choice of tool left
+/// free here: another tool or path), with no words about it; where the step must answer and every attempt
+/// repeats the error, the run ends without an answer and says what failed.
 #[test]
 fn an_answer_is_never_a_tools_error() {
     let dir = folder();
-    let config = AgentConfig::default().first_call(FirstCall::Never);
+    let config = AgentConfig::default().first_call(FirstCall::Never).retry_failed_tool(false);
     let calc_error = "only numbers and + - * / % ^ ( ) are allowed, found `=`";
     let script = vec![
         call("calculator", json!({"expression": "2 + 2 = 4"})),

@@ -88,6 +88,10 @@ pub struct AgentConfig {
     /// Under `auto`, after a call that failed (a tool error, timeout or panic), make the next decision a
     /// call: small models otherwise answer with the error instead of fixing the call. Not twice in a row.
     pub call_after_error: bool,
+    /// Under `auto`, the decision after a failed call whose error named no other tool may call only that
+    /// tool again (with other arguments) or answer: a small model otherwise reaches for any tool (a file
+    /// read after a stock ticker was unknown) and answers from what it returned.
+    pub retry_failed_tool: bool,
     /// Under `auto`, a first decision whose first call's [`grounding`](grounding::Evidence::grounding_of_stated) (the
     /// share of its argument values found in the user's words, once the optional arguments they do not state
     /// are left out) is below this becomes an answer: the model is asked
@@ -144,6 +148,11 @@ pub struct AgentConfig {
     /// the results in view), as it does where the driver cannot reply freely (a scripted driver) or the
     /// reply is empty, cut off, or repeats a tool's error.
     pub answer_in_own_words: bool,
+    /// With [`answer_in_own_words`](Self::answer_in_own_words), the answer after calls that all succeeded
+    /// is the model's own reply too: a plain chat turn whose user message gives what the calls returned,
+    /// then the request. Off by default: measured on one half only (docs/results.md). After a failed
+    /// call the decision's answer stays (a small model told only an error makes up the value).
+    pub own_words_after_calls: bool,
     /// The most tokens of an answer in the model's own words ([`Self::answer_in_own_words`]).
     pub answer_tokens: usize,
     /// ReAct under `auto`: the first free choice between calling and answering is the model's score for
@@ -173,6 +182,7 @@ impl Default for AgentConfig {
             system_prompt: None,
             first_call: FirstCall::WhenNeeded,
             call_after_error: false,
+            retry_failed_tool: true,
             abstain_below: None,
             min_support: None,
             keep_named_tool_calls: true,
@@ -183,6 +193,7 @@ impl Default for AgentConfig {
             hold_untrusted_calls: true,
             think_budget: 0,
             answer_in_own_words: true,
+            own_words_after_calls: false,
             answer_tokens: 256,
             native_branch: false,
         }
@@ -203,6 +214,7 @@ setters!(AgentConfig {
     system_prompt: Option<String>,
     first_call: FirstCall,
     call_after_error: bool,
+    retry_failed_tool: bool,
     abstain_below: Option<f32>,
     min_support: Option<f32>,
     keep_named_tool_calls: bool,
@@ -213,6 +225,7 @@ setters!(AgentConfig {
     hold_untrusted_calls: bool,
     think_budget: usize,
     answer_in_own_words: bool,
+    own_words_after_calls: bool,
     answer_tokens: usize,
     native_branch: bool,
 });

@@ -79,6 +79,9 @@ struct RunState {
     /// Tools a failed call's error named as the ones for the job ("other tools for this: …"): the next
     /// decision calls one of them (live state: what the failed tool said, not the request's words).
     alternatives: Vec<String>,
+    /// The tools of the last step's failed calls whose errors named no other tool: the next decision
+    /// calls one of them again (with other arguments) or answers ([`AgentConfig::retry_failed_tool`]).
+    failed_tools: Vec<String>,
     /// What the request still needed when an answer was sent back for it ([`Checks::pending`]): each
     /// once a run.
     pending_raised: Vec<String>,
@@ -255,6 +258,15 @@ impl Agent {
                 .then(|| Need::new("the failed call's error names the tools for it", 0).calls(specs))
         });
         let first_grammar = first.as_ref().and_then(|n| self.need_grammar(n));
+        // After a failed call whose error named no other tool: that tool again or an answer, not a tool
+        // the request gave no reason for (live state: which call failed).
+        let failed = std::mem::take(&mut run.failed_tools);
+        let (retry_grammar, retry_call) = match (&first_grammar, failed.is_empty()) {
+            (None, false) if !run.force_answer && self.retries_failed_tool() => {
+                (self.retry_grammar(&failed, forced_call), self.retry_grammar(&failed, true))
+            }
+            _ => (None, None),
+        };
         // The first free choice between calling and answering, from the model's own call score.
         let free = run.steps.is_empty() && !forced_call && !run.force_answer && first_grammar.is_none() && has_tools;
         let mut branch = match grammars.native_branch.as_ref().filter(|_| free) {
@@ -281,10 +293,16 @@ impl Agent {
                     (Some(g), _) => g,
                     (None, Some(b)) if b.call => grammars.pick(true, false),
                     (None, Some(_)) => &grammars.answer_only,
-                    (None, None) => grammars.pick(forced_call, run.force_answer),
+                    (None, None) => match &retry_grammar {
+                        Some(g) => g,
+                        None => grammars.pick(forced_call, run.force_answer),
+                    },
                 };
                 // A step that must answer is not asked to call after a slip.
-                let call_only = grammars.call_only.as_ref().filter(|_| !run.force_answer);
+                let call_only = match &retry_call {
+                    Some(g) => Some(g),
+                    None => grammars.call_only.as_ref().filter(|_| !run.force_answer),
+                };
                 let pending = call_only.and_then(|_| self.still_needed(run));
                 // Where the answer would be replaced by the model's own reply, the decision stops at the
                 // choice, unless an answer is checked against what the request still needs.

@@ -355,6 +355,14 @@ pub(crate) struct DecisionArgs {
     /// After a failed call, the next decision must call again (not twice in a row).
     #[arg(long)]
     pub(crate) call_after_error: bool,
+    /// After a failed call, let the next decision call any tool (by default: that tool again, or an
+    /// answer).
+    #[arg(long)]
+    pub(crate) any_tool_after_error: bool,
+    /// Answer in the model's own words after calls that all succeeded too, from their results
+    /// (experimental).
+    #[arg(long)]
+    pub(crate) own_words_after_calls: bool,
     /// Logit bias for calling a tool over answering, where a native decision starts.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) call_bias: Option<f32>,
@@ -440,6 +448,8 @@ impl DecisionArgs {
             };
         }
         config.call_after_error |= self.call_after_error;
+        config.retry_failed_tool &= !self.any_tool_after_error;
+        config.own_words_after_calls |= self.own_words_after_calls;
         let b = &mut config.branch_biases;
         b.call = self.call_bias.unwrap_or(b.call);
         b.more_calls = self.more_calls_bias.unwrap_or(b.more_calls);

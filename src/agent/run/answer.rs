@@ -54,7 +54,10 @@ impl Agent {
     /// setting on, and no call yet in the conversation.
     pub(super) fn answers_in_own_words(&self, run: &RunState) -> bool {
         let called = run.steps.iter().any(|s| !s.calls.is_empty()) || called_in(&run.request);
-        self.config.answer_in_own_words && self.config.format == DecisionFormat::React && !called
+        let failed = run.steps.iter().flat_map(|s| &s.calls).any(|c| !c.outcome.is_ok());
+        self.config.answer_in_own_words
+            && self.config.format == DecisionFormat::React
+            && (!called || (self.config.own_words_after_calls && !failed))
     }
 
     /// The request as a plain chat: the caller's system text (or a plain helpful-assistant one), then its
@@ -65,12 +68,21 @@ impl Agent {
             given.chain(run.request.iter().filter(|m| m.role == Role::System).map(|m| m.content.as_str())).collect();
         let system = if given.is_empty() { ANSWER_SYSTEM.to_string() } else { given.join("\n") };
         let mut messages = vec![ChatMessage::system(system)];
+        // What the conversation's tools returned, before the request they answer.
+        let mut results = String::new();
         for m in run.request.iter().filter(|m| m.role != Role::System) {
-            // An earlier answer of a conversation as the text the person was given.
-            match (m.role, answer_of(&m.content)) {
-                (Role::Assistant, Some(answer)) => messages.push(ChatMessage::assistant(answer)),
+            // An earlier answer of a conversation as the text the person was given; earlier calls are
+            // not shown, their results join this run's.
+            match (m.role, answer_of(&m.content), observation_of(m)) {
+                (Role::Assistant, Some(answer), _) => messages.push(ChatMessage::assistant(answer)),
+                (_, _, Some(seen)) => results.push_str(&format!("A tool returned:\n{seen}\n\n")),
+                (Role::Assistant, None, _) if called_in(std::slice::from_ref(m)) => {}
                 _ => messages.push(m.clone()),
             }
+        }
+        results.push_str(&call_results(run));
+        if let (false, Some(last)) = (results.is_empty(), messages.last_mut().filter(|m| m.role == Role::User)) {
+            last.content = format!("{results}\nUsing these results, answer briefly: {}", last.content);
         }
         messages
     }
@@ -86,6 +98,27 @@ pub(super) fn called_in(conversation: &[ChatMessage]) -> bool {
         };
         m.role == Role::Tool || !m.tool_calls.is_empty() || (m.role == Role::Assistant && react_call())
     })
+}
+
+/// What a turn of the conversation says a tool returned: a tool turn, or a ReAct observation (without
+/// its closing advice).
+fn observation_of(m: &ChatMessage) -> Option<&str> {
+    if m.role == Role::Tool {
+        return Some(m.content.trim_end());
+    }
+    let seen = m.content.strip_prefix("Observation: ").filter(|_| m.role == Role::User)?;
+    Some(seen.split("\nIf this answers the task").next().unwrap_or(seen).trim_end())
+}
+
+/// The run's calls and what each returned (or its error), as the plain chat's context.
+fn call_results(run: &RunState) -> String {
+    let mut text = String::new();
+    for record in run.steps.iter().flat_map(|s| &s.calls) {
+        let args = serde_json::to_string(&record.call.args).unwrap_or_default();
+        let outcome = record.outcome.observation();
+        text.push_str(&format!("{} {args} returned:\n{}\n\n", record.call.tool, outcome.trim_end()));
+    }
+    text
 }
 
 /// `text` up to the end of its last full sentence or line (a full stop, question or exclamation mark
@@ -122,7 +155,20 @@ fn answer_of(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::whole_sentences;
+    use super::{observation_of, whole_sentences};
+    use crate::text::chat::{ChatMessage, Role};
+
+    #[test]
+    fn a_conversations_tool_results_are_read_from_tool_turns_and_react_observations() {
+        let react = ChatMessage::user(
+            "Observation: read_file {\"path\":\"a.txt\"} returned: hello\nIf this answers the task, give the final answer now.",
+        );
+        assert_eq!(observation_of(&react), Some("read_file {\"path\":\"a.txt\"} returned: hello"));
+        assert_eq!(observation_of(&ChatMessage::new(Role::Tool, "42\n")), Some("42"));
+        // A person's turn is not a result, even one that starts like an observation in another role.
+        assert_eq!(observation_of(&ChatMessage::user("What did the file say?")), None);
+        assert_eq!(observation_of(&ChatMessage::assistant("Observation: made up")), None);
+    }
 
     #[test]
     fn a_cut_reply_keeps_its_whole_sentences() {

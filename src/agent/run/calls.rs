@@ -39,6 +39,8 @@ impl Agent {
                 taken[j] = true;
                 known[j].1.clone()
             });
+            // A call whose outcome the trace did not record did not fail: it is not retried as one.
+            let unknown = matches!(recorded, Some(None));
             let (call, outcome) = match recorded {
                 // A held call is replayed as it was: no bookkeeping, and the next step answers.
                 Some(Some(outcome)) if is_held(&outcome) => {
@@ -91,9 +93,15 @@ impl Agent {
                 matches!(outcome, CallOutcome::Error { .. } | CallOutcome::Timeout { .. } | CallOutcome::Panic { .. });
             run.after_error |= failed && self.config.call_after_error && !forced_after_error;
             // The tools its error names for the job make the next decision (see `with_alternatives`).
-            if matches!(outcome, CallOutcome::Error { .. }) {
-                run.alternatives.extend(self.alternatives(&call.tool));
+            let others = match outcome {
+                CallOutcome::Error { .. } => self.alternatives(&call.tool),
+                _ => Vec::new(),
+            };
+            // A failure that names no other tool: the next decision tries that tool again or answers.
+            if failed && !unknown && others.is_empty() && !run.failed_tools.contains(&call.tool) {
+                run.failed_tools.push(call.tool.clone());
             }
+            run.alternatives.extend(others);
             if let Some(error) = outcome.error_text() {
                 run.failures.push((call.tool.clone(), error));
             }
@@ -291,9 +299,10 @@ impl Agent {
             .collect()
     }
 
-    /// The earlier outcome of `call` when it goes back to a successful call made two or three calls before
-    /// (within [`CYCLE_WINDOW`] before the previous one), of a [read-only](crate::tools::Tool::read_only)
-    /// tool, with only read-only tools called since: its result is known.
+    /// The earlier outcome of `call` when it goes back to a call made two or three calls before (within
+    /// [`CYCLE_WINDOW`] before the previous one) that returned a result or an error, of a
+    /// [read-only](crate::tools::Tool::read_only) tool, with only read-only tools called since: its
+    /// outcome is known (a timeout or a crash is not: it may go otherwise).
     fn goes_back<'h>(&self, call: &ToolCall, history: &'h [(ToolCall, CallOutcome)]) -> Option<&'h CallOutcome> {
         let read_only = |c: &ToolCall| self.executor.tools().get(&c.tool).is_some_and(|t| t.read_only());
         if history.last().is_none_or(|(last, _)| last == call) || !read_only(call) {
@@ -302,7 +311,8 @@ impl Agent {
         for (i, (earlier, outcome)) in history.iter().enumerate().rev().skip(1).take(CYCLE_WINDOW) {
             if earlier == call {
                 let pure_since = history[i + 1..].iter().all(|(c, _)| read_only(c));
-                return (pure_since && matches!(outcome, CallOutcome::Ok { .. })).then_some(outcome);
+                let known = matches!(outcome, CallOutcome::Ok { .. } | CallOutcome::Error { .. });
+                return (pure_since && known).then_some(outcome);
             }
         }
         None

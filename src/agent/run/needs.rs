@@ -7,7 +7,7 @@ use crate::agent::decision::ToolChoice;
 use crate::agent::events::AgentEvent;
 use crate::agent::{Agent, FirstCall};
 use crate::error::Result;
-use crate::tools::{Need, ToolCall};
+use crate::tools::{Need, ToolCall, ToolSpec};
 
 impl Agent {
     /// The run's grammars, from the grammar specs with each tool's [live
@@ -68,6 +68,34 @@ impl Agent {
         let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config, &self.syntax).ok()?;
         self.driver.check_grammar(&g.grammar).ok()?;
         Some(g)
+    }
+
+    /// The grammar of the step after failed calls of `tools` whose errors named no other tool: calls of
+    /// those tools (with their live parameters) or, unless the settings ask for a call after an error
+    /// (`call`), an answer. `None` where it does not compile.
+    pub(super) fn retry_grammar(&self, tools: &[String], call: bool) -> Option<StepGrammar> {
+        let specs: Vec<ToolSpec> = self
+            .grammar_specs
+            .iter()
+            .filter(|s| tools.contains(&s.name))
+            .map(|s| {
+                let live = self.executor.tools().get(&s.name).and_then(|t| t.live_parameters());
+                ToolSpec { parameters: live.unwrap_or_else(|| s.parameters.clone()), ..s.clone() }
+            })
+            .collect();
+        if specs.is_empty() {
+            return None;
+        }
+        let choice = if call { ToolChoice::Required } else { ToolChoice::Auto };
+        let g = StepGrammar::new(&specs, &choice, &self.config, &self.syntax).ok()?;
+        self.driver.check_grammar(&g.grammar).ok()?;
+        Some(g)
+    }
+
+    /// Whether a step after a failed call is narrowed to that call's tool
+    /// ([`AgentConfig::retry_failed_tool`](crate::agent::AgentConfig::retry_failed_tool), under `auto`).
+    pub(super) fn retries_failed_tool(&self) -> bool {
+        self.config.retry_failed_tool && self.config.tool_choice == ToolChoice::Auto
     }
 
     /// Whether the first decision must call ([`AgentConfig::first_call`]), and what the request needs
