@@ -26,7 +26,6 @@ mod support;
 mod validate;
 
 use checks::{arithmetic_slips, copied_failure, Failure};
-use validate::decision_value;
 pub(super) use validate::StepGrammar;
 use validate::StepGrammars;
 
@@ -260,13 +259,8 @@ impl Agent {
         let first_grammar = first.as_ref().and_then(|n| self.need_grammar(n));
         // After a failed call whose error named no other tool: that tool again or an answer, not a tool
         // the request gave no reason for (live state: which call failed).
-        let failed = std::mem::take(&mut run.failed_tools);
-        let (retry_grammar, retry_call) = match (&first_grammar, failed.is_empty()) {
-            (None, false) if !run.force_answer && self.retries_failed_tool() => {
-                (self.retry_grammar(&failed, forced_call), self.retry_grammar(&failed, true))
-            }
-            _ => (None, None),
-        };
+        let (retry_step, retry_call) = self.retry_grammars(run, forced_call, first_grammar.is_none());
+        let retry_grammar = retry_step.as_ref().or(retry_call.as_ref().filter(|_| forced_call));
         // The first free choice between calling and answering, from the model's own call score.
         let free = run.steps.is_empty() && !forced_call && !run.force_answer && first_grammar.is_none() && has_tools;
         let mut branch = match grammars.native_branch.as_ref().filter(|_| free) {
@@ -293,16 +287,10 @@ impl Agent {
                     (Some(g), _) => g,
                     (None, Some(b)) if b.call => grammars.pick(true, false),
                     (None, Some(_)) => &grammars.answer_only,
-                    (None, None) => match &retry_grammar {
-                        Some(g) => g,
-                        None => grammars.pick(forced_call, run.force_answer),
-                    },
+                    (None, None) => retry_grammar.unwrap_or_else(|| grammars.pick(forced_call, run.force_answer)),
                 };
                 // A step that must answer is not asked to call after a slip.
-                let call_only = match &retry_call {
-                    Some(g) => Some(g),
-                    None => grammars.call_only.as_ref().filter(|_| !run.force_answer),
-                };
+                let call_only = retry_call.as_ref().or(grammars.call_only.as_ref().filter(|_| !run.force_answer));
                 let pending = call_only.and_then(|_| self.still_needed(run));
                 // Where the answer would be replaced by the model's own reply, the decision stops at the
                 // choice, unless an answer is checked against what the request still needs.
@@ -671,32 +659,6 @@ impl Agent {
                 self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
                 error
             }
-        }
-    }
-
-    /// The decision as the conversation keeps it: the compact JSON (ReAct) or the reply (native), rebuilt
-    /// from the calls when a repeated call was cut off.
-    fn kept_text(&self, reply: &str, decision: &Decision, cut: bool) -> Result<String> {
-        Ok(match (self.config.format, cut) {
-            (DecisionFormat::React, false) => serde_json::to_string(&decision_value(reply))?,
-            (DecisionFormat::React, true) => {
-                let mut v = decision_value(reply);
-                v["calls"] = serde_json::to_value(decision.calls())?;
-                serde_json::to_string(&v)?
-            }
-            (DecisionFormat::Native, false) => reply.trim().to_string(),
-            (DecisionFormat::Native, true) => self.syntax.render(&decision.calls()),
-        })
-    }
-
-    /// The assistant turn that keeps a decision in the conversation (`text`: as [`kept_text`]
-    /// (Self::kept_text) wrote it): the text, except native calls whose syntax has control-token markers,
-    /// which the template renders ([`CallSyntax::kept_turn`]).
-    fn kept_turn(&self, text: &str, decision: &Decision) -> ChatMessage {
-        let calls = decision.calls();
-        match self.config.format {
-            DecisionFormat::Native if !calls.is_empty() => self.syntax.kept_turn(text, calls),
-            _ => ChatMessage::assistant(text),
         }
     }
 }

@@ -65,37 +65,45 @@ impl Agent {
         if need.calls.is_empty() {
             return None;
         }
-        let g = StepGrammar::new(&need.calls, &ToolChoice::Required, &self.config, &self.syntax).ok()?;
+        self.checked_grammar(&need.calls, &ToolChoice::Required)
+    }
+
+    /// A step's grammar over `specs`, where it builds and the driver compiles it.
+    fn checked_grammar(&self, specs: &[ToolSpec], choice: &ToolChoice) -> Option<StepGrammar> {
+        let g = StepGrammar::new(specs, choice, &self.config, &self.syntax).ok()?;
         self.driver.check_grammar(&g.grammar).ok()?;
         Some(g)
     }
 
-    /// The grammar of the step after failed calls of `tools` whose errors named no other tool: calls of
-    /// those tools (with their live parameters) or, unless the settings ask for a call after an error
-    /// (`call`), an answer. `None` where it does not compile.
-    pub(super) fn retry_grammar(&self, tools: &[String], call: bool) -> Option<StepGrammar> {
+    /// The grammars of the step after the last step's failed calls whose errors named no other tool
+    /// ([`AgentConfig::retry_failed_tool`](crate::agent::AgentConfig::retry_failed_tool), under `auto`;
+    /// taken from `run` whether `wanted` or not): the step's (calls of those tools, with their live
+    /// parameters, or an answer; `None` where the step must call, `forced_call`) and its call-only one.
+    pub(super) fn retry_grammars(
+        &self,
+        run: &mut RunState,
+        forced_call: bool,
+        wanted: bool,
+    ) -> (Option<StepGrammar>, Option<StepGrammar>) {
+        let failed = std::mem::take(&mut run.failed_tools);
+        let on = self.config.retry_failed_tool && self.config.tool_choice == ToolChoice::Auto;
+        if !wanted || !on || failed.is_empty() || run.force_answer {
+            return (None, None);
+        }
         let specs: Vec<ToolSpec> = self
             .grammar_specs
             .iter()
-            .filter(|s| tools.contains(&s.name))
+            .filter(|s| failed.contains(&s.name))
             .map(|s| {
                 let live = self.executor.tools().get(&s.name).and_then(|t| t.live_parameters());
                 ToolSpec { parameters: live.unwrap_or_else(|| s.parameters.clone()), ..s.clone() }
             })
             .collect();
         if specs.is_empty() {
-            return None;
+            return (None, None);
         }
-        let choice = if call { ToolChoice::Required } else { ToolChoice::Auto };
-        let g = StepGrammar::new(&specs, &choice, &self.config, &self.syntax).ok()?;
-        self.driver.check_grammar(&g.grammar).ok()?;
-        Some(g)
-    }
-
-    /// Whether a step after a failed call is narrowed to that call's tool
-    /// ([`AgentConfig::retry_failed_tool`](crate::agent::AgentConfig::retry_failed_tool), under `auto`).
-    pub(super) fn retries_failed_tool(&self) -> bool {
-        self.config.retry_failed_tool && self.config.tool_choice == ToolChoice::Auto
+        let step = (!forced_call).then(|| self.checked_grammar(&specs, &ToolChoice::Auto)).flatten();
+        (step, self.checked_grammar(&specs, &ToolChoice::Required))
     }
 
     /// Whether the first decision must call ([`AgentConfig::first_call`]), and what the request needs

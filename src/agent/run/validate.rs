@@ -1,5 +1,6 @@
 //! A step's grammar and the check of what it decoded: extraction (a complete decision), validation (the
-//! decision schema or the native syntax's shape, known tools, the tools' argument schemas and validators).
+//! decision schema or the native syntax's shape, known tools, the tools' argument schemas and validators),
+//! and the decision as the conversation keeps it.
 
 use serde_json::Value;
 
@@ -10,6 +11,7 @@ use super::super::{Agent, AgentConfig};
 use super::checks::Failure;
 use crate::decode::constraint::Grammar;
 use crate::error::{Error, Result};
+use crate::text::chat::ChatMessage;
 use crate::tools::{ToolCall, ToolSpec};
 
 /// The grammar of one step's decisions, with the compiled validator of a ReAct schema.
@@ -121,6 +123,32 @@ impl Agent {
         self.executor.check(call).map_err(|outcome| {
             format!("{} (tool `{}`)", outcome.error_text().unwrap_or_else(|| outcome.observation()), call.tool)
         })
+    }
+
+    /// The decision as the conversation keeps it: the compact JSON (ReAct) or the reply (native), rebuilt
+    /// from the calls when a repeated call was cut off.
+    pub(super) fn kept_text(&self, reply: &str, decision: &Decision, cut: bool) -> Result<String> {
+        Ok(match (self.config.format, cut) {
+            (DecisionFormat::React, false) => serde_json::to_string(&decision_value(reply))?,
+            (DecisionFormat::React, true) => {
+                let mut v = decision_value(reply);
+                v["calls"] = serde_json::to_value(decision.calls())?;
+                serde_json::to_string(&v)?
+            }
+            (DecisionFormat::Native, false) => reply.trim().to_string(),
+            (DecisionFormat::Native, true) => self.syntax.render(&decision.calls()),
+        })
+    }
+
+    /// The assistant turn that keeps a decision in the conversation (`text`: as [`kept_text`]
+    /// (Self::kept_text) wrote it): the text, except native calls whose syntax has control-token markers,
+    /// which the template renders ([`CallSyntax::kept_turn`]).
+    pub(super) fn kept_turn(&self, text: &str, decision: &Decision) -> ChatMessage {
+        let calls = decision.calls();
+        match self.config.format {
+            DecisionFormat::Native if !calls.is_empty() => self.syntax.kept_turn(text, calls),
+            _ => ChatMessage::assistant(text),
+        }
     }
 }
 
