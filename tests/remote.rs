@@ -303,6 +303,8 @@ fn biased_agent(url: &str, bias: f32) -> reagent::agent::Agent {
         .retries(0, Duration::from_millis(1));
     let mut config = AgentConfig::default();
     config.branch_biases.call = bias;
+    // The answer after a call is the decision's: each scripted reply here is one decision.
+    config.own_words_after_calls = false;
     reagent::agent::Agent::builder().driver(remote).tool(calc()).config(config).build().unwrap()
 }
 

@@ -242,6 +242,36 @@ fn an_answer_is_never_a_tools_error() {
     assert!(failed.to_string().starts_with("`calculator` failed: only numbers"), "{failed}");
 }
 
+/// After a failed call, an answer that only writes the request back is no answer either: it is sent back
+/// to call again, and where no attempt is left the run ends saying what failed.
+#[test]
+fn an_answer_that_repeats_the_request_after_a_failure_is_no_answer() {
+    let dir = folder();
+    let task = "what's 2 + 2 = 4 in words?";
+    let config = AgentConfig::default().first_call(FirstCall::Never);
+    let bad = || call("calculator", json!({"expression": "2 + 2 = 4"}));
+    let script = vec![
+        bad(),
+        answer("What's 2 + 2 = 4, in words?"),
+        call("calculator", json!({"expression": "2 + 2"})),
+        answer("four"),
+    ];
+    let (t, ev) = run_in(dir.path(), script, Some(config.clone()), task);
+    assert_eq!(t.final_answer.as_deref(), Some("four"));
+    let rejected = ev.lock().unwrap().iter().any(|e| {
+        matches!(e, AgentEvent::ValidationFailed { error, .. } if error.contains("repeats the request after `calculator` failed"))
+    });
+    assert!(rejected);
+    let (t, _) = run_in(dir.path(), vec![bad(), answer(task)], Some(config.clone().max_retries(0)), task);
+    assert_eq!(t.final_answer, None);
+    assert!(
+        matches!(&t.stop_reason, StopReason::ToolFailed { tool, error } if tool == "calculator" && error.contains("`=`"))
+    );
+    // Without a failure the same words are the model's answer to give.
+    let (t, _) = run_in(dir.path(), vec![answer(task)], Some(config), task);
+    assert_eq!(t.final_answer.as_deref(), Some(task));
+}
+
 /// Abstention by grounding turns a first call made of values the user never wrote into an answer, unless
 /// the user named the tool: a value derived from the request (the capital of Japan) is kept.
 #[test]

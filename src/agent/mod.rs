@@ -144,14 +144,17 @@ pub struct AgentConfig {
     /// a plain chat turn (its template with no tools and no grammar, the caller's system text or a plain
     /// helpful-assistant one), at most `answer_tokens` tokens, rather than the text it wrote in the
     /// decision's JSON string: a small model answers a plain question better in its own turn than inside
-    /// a JSON string after an empty thought. After calls the decision's answer stays (it is written with
-    /// the results in view), as it does where the driver cannot reply freely (a scripted driver) or the
-    /// reply is empty, cut off, or repeats a tool's error.
+    /// a JSON string after an empty thought. The decision's answer stays where the driver cannot reply
+    /// freely (a scripted driver) or the reply is empty, repeats a tool's error or writes the request
+    /// back; a reply cut at `answer_tokens` keeps its whole sentences.
     pub answer_in_own_words: bool,
     /// With [`answer_in_own_words`](Self::answer_in_own_words), the answer after calls that all succeeded
     /// is the model's own reply too: a plain chat turn whose user message gives what the calls returned,
-    /// then the request. Off by default: measured on one half only (docs/results.md). After a failed
-    /// call the decision's answer stays (a small model told only an error makes up the value).
+    /// then the request ("The first person listed in team.txt is Ana." rather than the file's first
+    /// line). The reply is kept only where it is grounded: every number it writes was in what the model
+    /// was given, and no equation it writes is wrong; otherwise, and after a failed call (a small model
+    /// told only an error makes up the value), the decision's answer stays, written with the results in
+    /// view. On by default (everyday sets, docs/results.md).
     pub own_words_after_calls: bool,
     /// The most tokens of an answer in the model's own words ([`Self::answer_in_own_words`]).
     pub answer_tokens: usize,
@@ -193,7 +196,7 @@ impl Default for AgentConfig {
             hold_untrusted_calls: true,
             think_budget: 0,
             answer_in_own_words: true,
-            own_words_after_calls: false,
+            own_words_after_calls: true,
             answer_tokens: 256,
             native_branch: false,
         }

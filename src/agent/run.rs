@@ -25,7 +25,7 @@ mod needs;
 mod support;
 mod validate;
 
-use checks::{arithmetic_slips, copied_failure, Failure};
+use checks::{arithmetic_slips, copied_failure, echoes_request, Failure};
 pub(super) use validate::StepGrammar;
 use validate::StepGrammars;
 
@@ -97,6 +97,8 @@ struct Checks<'a> {
     slips: Option<&'a mut Vec<String>>,
     /// The run's [`RunState::failures`].
     failures: &'a [(String, String)],
+    /// The request: an answer that only writes it back is not an answer.
+    task: &'a str,
     /// What the request still needs a tool for, not yet raised this run ([`Tool::needed_for`]
     /// (crate::tools::Tool::needed_for)): an answer is then sent back to make one of the calls that meet
     /// it (once), and the reason noted in `raised`.
@@ -299,6 +301,7 @@ impl Agent {
                     call_only,
                     slips: (self.config.check_arithmetic && !run.force_answer).then_some(&mut run.flagged_slips),
                     failures: &run.failures,
+                    task: &run.task,
                     stop_at_answer,
                     pending,
                     raised: &mut run.pending_raised,
@@ -491,6 +494,7 @@ impl Agent {
             call_only: None,
             slips: None,
             failures: &run.failures,
+            task: &run.task,
             pending: None,
             raised: &mut run.pending_raised,
             stop_at_answer: false,
@@ -598,14 +602,25 @@ impl Agent {
                 }
                 (c, _) => c,
             };
-            let checked = match checked.map(|d| (copied_failure(&d, checks.failures), d)) {
-                Ok((Some((tool, error)), _)) if last => {
+            // An answer that repeats a tool's error, or writes the request back after one, says only
+            // that the call failed.
+            let no_answer = |d: &Decision| {
+                let copied = copied_failure(d, checks.failures);
+                let repeats = |(tool, _): &(String, String)| format!("the answer repeats the error of `{tool}`");
+                let echoed =
+                    |(tool, _): &(String, String)| format!("the answer repeats the request after `{tool}` failed");
+                copied.map(|f| (repeats(f), f)).or_else(|| {
+                    let failed = checks.failures.last().filter(|_| echoes_request(d, checks.task))?;
+                    Some((echoed(failed), failed))
+                })
+            };
+            let checked = match checked.map(|d| (no_answer(&d), d)) {
+                Ok((Some((_, (tool, error))), _)) if last => {
                     return Ok(Attempt::Stop(StopReason::ToolFailed { tool: tool.clone(), error: error.clone() }))
                 }
-                Ok((Some((tool, _)), d)) => Err(Failure::CallInstead(
-                    format!("the answer repeats the error of `{tool}`"),
-                    serde_json::to_value(&d).unwrap_or(Value::Null),
-                )),
+                Ok((Some((why, _)), d)) => {
+                    Err(Failure::CallInstead(why, serde_json::to_value(&d).unwrap_or(Value::Null)))
+                }
                 Ok((None, d)) => Ok(d),
                 Err(e) => Err(e),
             };

@@ -359,10 +359,10 @@ pub(crate) struct DecisionArgs {
     /// answer).
     #[arg(long)]
     pub(crate) any_tool_after_error: bool,
-    /// Answer in the model's own words after calls that all succeeded too, from their results
-    /// (experimental).
+    /// After calls, keep the answer the decision wrote rather than the model's own reply from their
+    /// results.
     #[arg(long)]
-    pub(crate) own_words_after_calls: bool,
+    pub(crate) decision_answer_after_calls: bool,
     /// Logit bias for calling a tool over answering, where a native decision starts.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) call_bias: Option<f32>,
@@ -449,7 +449,7 @@ impl DecisionArgs {
         }
         config.call_after_error |= self.call_after_error;
         config.retry_failed_tool &= !self.any_tool_after_error;
-        config.own_words_after_calls |= self.own_words_after_calls;
+        config.own_words_after_calls &= !self.decision_answer_after_calls;
         let b = &mut config.branch_biases;
         b.call = self.call_bias.unwrap_or(b.call);
         b.more_calls = self.more_calls_bias.unwrap_or(b.more_calls);

@@ -653,4 +653,10 @@ impl Tool for Rebound {
     fn needed_for(&self, request: &str, done: &[crate::tools::Done]) -> Option<crate::tools::Need> {
         self.inner.needed_for(request, done)
     }
+    fn retry(&self) -> crate::tools::Retry {
+        self.inner.retry()
+    }
+    fn retryable(&self, error: &str) -> bool {
+        self.inner.retryable(error)
+    }
 }

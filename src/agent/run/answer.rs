@@ -1,7 +1,7 @@
 //! The answer in the model's own words: once a decision chose to answer before any call, its reply as a
 //! plain chat turn.
 
-use super::checks::copied_failure;
+use super::checks::{copied_failure, echoes_request};
 use super::{Decision, DecisionFormat, RunState};
 use crate::agent::events::DecisionStats;
 use crate::agent::Agent;
@@ -44,16 +44,29 @@ impl Agent {
             false => whole_sentences(&out.text),
         };
         let own = Decision::FinalAnswer { thought: String::new(), answer: text.to_string() };
-        if text.is_empty() || copied_failure(&own, &run.failures).is_some() {
+        if text.is_empty() || copied_failure(&own, &run.failures).is_some() || echoes_request(&own, &run.task) {
+            return Ok(None);
+        }
+        // After calls, the reply is grounded in what they returned or it is not the answer: a number the
+        // model was not given (a sum redone in its head, a value made up) or a wrong equation leaves the
+        // decision's answer, written with the results in view.
+        let given: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let grounded = || numbers_given(text, &given) && crate::agent::arithmetic::slips(text).is_empty();
+        if self.called(run) && !grounded() {
             return Ok(None);
         }
         Ok(Some(text.to_string()))
     }
 
+    /// Whether a call was made in this run or the conversation before it.
+    fn called(&self, run: &RunState) -> bool {
+        run.steps.iter().any(|s| !s.calls.is_empty()) || called_in(&run.request)
+    }
+
     /// Whether an answer decided now would be replaced by the model's own reply: ReAct decisions, the
     /// setting on, and no call yet in the conversation.
     pub(super) fn answers_in_own_words(&self, run: &RunState) -> bool {
-        let called = run.steps.iter().any(|s| !s.calls.is_empty()) || called_in(&run.request);
+        let called = self.called(run);
         let failed = run.steps.iter().flat_map(|s| &s.calls).any(|c| !c.outcome.is_ok());
         self.config.answer_in_own_words
             && self.config.format == DecisionFormat::React
@@ -121,6 +134,19 @@ fn call_results(run: &RunState) -> String {
     text
 }
 
+/// Whether every number `reply` writes is one of those in `given` (the texts the model answered from),
+/// compared as numbers (`140` is `140.0`; `1,603` is `1603`).
+fn numbers_given(reply: &str, given: &[&str]) -> bool {
+    static NUMBER: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let number =
+        NUMBER.get_or_init(|| regex::Regex::new(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?").expect("a valid regex"));
+    let values = |text: &str| -> Vec<f64> {
+        number.find_iter(text).filter_map(|m| m.as_str().replace(',', "").parse().ok()).collect()
+    };
+    let known: Vec<f64> = given.iter().flat_map(|t| values(t)).collect();
+    values(reply).iter().all(|v| known.contains(v))
+}
+
 /// `text` up to the end of its last full sentence or line (a full stop, question or exclamation mark
 /// followed by white space, or a line break), outside an unclosed code block; empty where there is none.
 fn whole_sentences(text: &str) -> &str {
@@ -155,7 +181,7 @@ fn answer_of(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{observation_of, whole_sentences};
+    use super::{numbers_given, observation_of, whole_sentences};
     use crate::text::chat::{ChatMessage, Role};
 
     #[test]
@@ -168,6 +194,18 @@ mod tests {
         // A person's turn is not a result, even one that starts like an observation in another role.
         assert_eq!(observation_of(&ChatMessage::user("What did the file say?")), None);
         assert_eq!(observation_of(&ChatMessage::assistant("Observation: made up")), None);
+    }
+
+    #[test]
+    fn a_reply_after_calls_writes_only_numbers_it_was_given() {
+        let given = ["calculator {\"expression\":\"0.75 * 60\"} returned:\n45", "What is three quarters of 60?"];
+        assert!(numbers_given("Three quarters of sixty is 45.", &given));
+        assert!(numbers_given("0.75 * 60 = 45.0", &given));
+        assert!(numbers_given("No numbers at all.", &given));
+        // A sum redone in the model's head.
+        assert!(!numbers_given("60 / 4 = 15, so the answer is 15.", &given));
+        assert!(numbers_given("That is 1,603 in all.", &["returned: 1603"]));
+        assert!(!numbers_given("That is 1,603 in all.", &["returned: 1 and 603"]));
     }
 
     #[test]

@@ -73,6 +73,18 @@ pub(super) fn copied_failure<'f>(
     })
 }
 
+/// Whether an answer only writes the request back (its words, case and punctuation aside): a small
+/// model with nothing to answer from (a call that failed, results that do not say) copies the question.
+pub(super) fn echoes_request(decision: &Decision, task: &str) -> bool {
+    let Decision::FinalAnswer { answer, .. } = decision else { return false };
+    let words = |s: &str| {
+        let plain: String = s.chars().map(|c| if c.is_alphanumeric() { c } else { ' ' }).collect();
+        plain.to_lowercase().split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let answer = words(answer);
+    !answer.is_empty() && answer == words(task)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +108,17 @@ mod tests {
         // Not the error: an answer about the same thing in other words, or too short to tell.
         assert_eq!(copied("It is -5 °C in Ottawa."), None);
         assert_eq!(copied("Canada"), None);
+    }
+
+    #[test]
+    fn an_answer_that_writes_the_request_back_is_found() {
+        let task = "weather check: tokyo and ottawa pls";
+        assert!(echoes_request(&answer("Weather check - Tokyo and Ottawa, pls."), task));
+        assert!(!echoes_request(&answer("Tokyo: light rain, 18 C"), task));
+        // A part of the request is an answer ("Which is bigger, 3 or 5?" "5").
+        assert!(!echoes_request(&answer("5"), "Which is bigger, 3 or 5?"));
+        assert!(!echoes_request(&answer(""), ""));
+        let call = Decision::CallTool { thought: String::new(), tool: "t".into(), args: serde_json::json!({}) };
+        assert!(!echoes_request(&call, task));
     }
 }
