@@ -604,15 +604,13 @@ impl Agent {
             };
             // An answer that repeats a tool's error, or writes the request back after one, says only
             // that the call failed.
-            let no_answer = |d: &Decision| {
-                let copied = copied_failure(d, checks.failures);
-                let repeats = |(tool, _): &(String, String)| format!("the answer repeats the error of `{tool}`");
-                let echoed =
-                    |(tool, _): &(String, String)| format!("the answer repeats the request after `{tool}` failed");
-                copied.map(|f| (repeats(f), f)).or_else(|| {
-                    let failed = checks.failures.last().filter(|_| echoes_request(d, checks.task))?;
-                    Some((echoed(failed), failed))
-                })
+            let no_answer = |d: &Decision| match copied_failure(d, checks.failures) {
+                Some(f) => Some((format!("the answer repeats the error of `{}`", f.0), f)),
+                None => checks
+                    .failures
+                    .last()
+                    .filter(|_| echoes_request(d, checks.task))
+                    .map(|f| (format!("the answer repeats the request after `{}` failed", f.0), f)),
             };
             let checked = match checked.map(|d| (no_answer(&d), d)) {
                 Ok((Some((_, (tool, error))), _)) if last => {

@@ -1,5 +1,5 @@
-//! The answer in the model's own words: once a decision chose to answer before any call, its reply as a
-//! plain chat turn.
+//! The answer in the model's own words: once a decision chose to answer (before any call, or after calls
+//! that all succeeded), its reply as a plain chat turn, kept after calls only where it is grounded.
 
 use super::checks::{copied_failure, echoes_request};
 use super::{Decision, DecisionFormat, RunState};
@@ -15,9 +15,10 @@ const ANSWER_SYSTEM: &str = "You are a helpful assistant.";
 
 impl Agent {
     /// The answer in the model's own words ([`AgentConfig::answer_in_own_words`](crate::agent::AgentConfig)):
-    /// where no call has run in the conversation, the model's reply to it as a plain chat turn; `None`
-    /// where the decision's text stays the answer (after calls it is grounded in their results, written
-    /// where they are in view). The reply's tokens and time join the step's `stats`.
+    /// the model's reply to the conversation as a plain chat turn (after calls, with their results before
+    /// the request); `None` where the decision's text stays the answer ([`Self::answers_in_own_words`] is
+    /// false, or the reply fails: empty, a tool's error, the request written back, or after calls a
+    /// number it was not given or a wrong equation). The reply's tokens and time join the step's `stats`.
     pub(super) fn own_words(&mut self, run: &mut RunState, stats: &mut DecisionStats) -> Result<Option<String>> {
         if !self.answers_in_own_words(run) {
             return Ok(None);
@@ -64,7 +65,8 @@ impl Agent {
     }
 
     /// Whether an answer decided now would be replaced by the model's own reply: ReAct decisions, the
-    /// setting on, and no call yet in the conversation.
+    /// setting on, and no call yet in the conversation, or (with `own_words_after_calls`) none of this
+    /// run's calls failed.
     pub(super) fn answers_in_own_words(&self, run: &RunState) -> bool {
         let called = self.called(run);
         let failed = run.steps.iter().flat_map(|s| &s.calls).any(|c| !c.outcome.is_ok());
@@ -135,7 +137,9 @@ fn call_results(run: &RunState) -> String {
 }
 
 /// Whether every number `reply` writes is one of those in `given` (the texts the model answered from),
-/// compared as numbers (`140` is `140.0`; `1,603` is `1603`).
+/// compared as numbers (`140` is `140.0`; `1,603` is `1603`). Not the grounding's `written_numbers`: that
+/// reader skips digits inside words (an identifier is no quantity), where a reply's `Q3` or `B14` must
+/// come from the results too.
 fn numbers_given(reply: &str, given: &[&str]) -> bool {
     static NUMBER: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let number =
