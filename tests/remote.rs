@@ -218,7 +218,12 @@ fn the_server_logs_each_request_without_its_content() {
         stderr.read_to_string(&mut rest).unwrap();
         assert!(!rest.contains("zebra"), "{rest}");
         match quiet {
-            false => assert!(rest.contains("request 1: ") && rest.contains(" generated, length, "), "{rest}"),
+            // The random-weight model may end on its own before `max_tokens` on another CPU's kernels.
+            false => assert!(
+                rest.contains("request 1: ")
+                    && (rest.contains(" generated, length, ") || rest.contains(" generated, stop, ")),
+                "{rest}"
+            ),
             true => assert!(!rest.contains("request 1"), "{rest}"),
         }
     }
