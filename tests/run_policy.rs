@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use reagent::agent::{
-    Agent, AgentConfig, AgentEvent, Decision, DecisionFormat, Driver, DriverOutput, FirstCall, Profile, ScriptedDriver,
-    StopReason,
+    Agent, AgentConfig, AgentEvent, Decision, DecisionFormat, Driver, DriverOutput, FirstCall, Profile, ScriptItem,
+    ScriptedDriver, StopReason,
 };
 use reagent::catalog::Catalog;
 use reagent::tools::{builtin_tools, BuiltinOptions, FnTool};
@@ -274,6 +274,54 @@ fn an_answer_that_repeats_the_request_after_a_failure_is_no_answer() {
 
 /// Abstention by grounding turns a first call made of values the user never wrote into an answer, unless
 /// the user named the tool: a value derived from the request (the capital of Japan) is kept.
+/// After calls, a reply in the model's own words with a wrong sum is not the answer, and neither is the
+/// answer written instead with another wrong sum: it is sent back as a call, and once the calculator
+/// has given the sum the next decision answers.
+#[test]
+fn an_answer_written_after_a_reply_with_a_wrong_sum_is_checked_too() {
+    let dir = folder();
+    std::fs::write(dir.path().join("numbers.txt"), "12\n7\n30\n41\n").unwrap();
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
+    let script = vec![
+        ScriptItem::from(call("read_file", json!({"path": "numbers.txt"}))),
+        // Stopped at its choice to answer: the reply in words follows, then the answer written instead.
+        answer("").into(),
+        ScriptItem::Words("The sum is 12 + 7 + 30 + 41 = 124.".into()),
+        answer("12 + 7 + 30 + 41 = 120").into(),
+        // Sent back as a call.
+        call("calculator", json!({"expression": "12 + 7 + 30 + 41"})).into(),
+        // With the sum in view the next decision answers: another call is no valid decision.
+        call("list_dir", json!({})).into(),
+        answer("").into(),
+        ScriptItem::Words("The sum is 90.".into()),
+    ];
+    let shown: Arc<Mutex<Vec<String>>> = Arc::default();
+    let pieces = shown.clone();
+    let mut agent = Agent::builder()
+        .driver(ScriptedDriver::new(script))
+        .tools(tools)
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .answer_text(move |t| pieces.lock().unwrap().push(t.to_string()))
+        .build()
+        .unwrap();
+    let t = agent.run("What is the sum of the numbers in numbers.txt?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("The sum is 90."), "{:?}", t.steps);
+    // The reply that was not used was never shown; the one kept comes whole once checked.
+    assert_eq!(*shown.lock().unwrap(), ["The sum is 90."]);
+    let tools: Vec<&str> = t.steps.iter().flat_map(|s| &s.calls).map(|c| c.call.tool.as_str()).collect();
+    assert_eq!(tools, ["read_file", "calculator"]);
+    assert!(t.steps[1].corrects_arithmetic && !t.steps[0].corrects_arithmetic);
+    assert_eq!(t.steps[2].retries, 1, "a call after the correction is sent back");
+    let slip = events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| matches!(e, AgentEvent::ValidationFailed { error, .. } if error.contains("is 90, not 120")));
+    assert!(slip, "the wrong sum is sent back naming the right one");
+}
+
 #[test]
 fn a_call_with_derived_values_is_kept() {
     let weather = ToolSpec::new(

@@ -282,6 +282,11 @@ pub struct Step {
     /// log-probabilities, so that other measures can be tried offline.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub support_values: Vec<ValueScore>,
+    /// The decision is a call made instead of an answer whose arithmetic was wrong (sent back by
+    /// [`AgentConfig::check_arithmetic`](super::AgentConfig::check_arithmetic)): once it succeeds, the next
+    /// decision answers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub corrects_arithmetic: bool,
 }
 
 /// A call's value scored for its support ([`Step::support_values`]): its JSON text (the tool's name for

@@ -419,7 +419,9 @@ impl AgentBuilder {
     /// Receives an answer in the model's own words ([`AgentConfig::answer_in_own_words`]) piece by piece
     /// as it is generated, to show it as it comes. The answer that stands is the
     /// [`AgentEvent::FinalAnswer`]'s: a reply that is empty, cut off or repeats a tool's error is not used,
-    /// and the decision's own answer stands instead.
+    /// and the decision's own answer stands instead. After calls a reply comes whole, once it is checked
+    /// against their results (one that writes a number it was not given or a wrong equation is not used,
+    /// and not given here).
     pub fn answer_text(mut self, f: impl FnMut(&str) + Send + 'static) -> Self {
         self.answer_text = Some(Box::new(f));
         self

@@ -6,7 +6,6 @@ use std::time::Instant;
 use serde_json::Value;
 
 use super::decision::{self, Decision, DecisionFormat, ToolChoice};
-use super::driver::{DecisionRequest, DriverOutput};
 use super::events::{AgentEvent, DecisionStats, RunStats, Step, StopReason, Transcript};
 use super::grounding::Evidence;
 use super::native;
@@ -16,6 +15,7 @@ use crate::text::chat::{ChatMessage, Role};
 use crate::tools::{CallOutcome, Need, ToolCall, ToolSpec};
 
 mod answer;
+mod attempt;
 mod branch;
 mod calls;
 mod checks;
@@ -25,7 +25,6 @@ mod needs;
 mod support;
 mod validate;
 
-use checks::{arithmetic_slips, copied_failure, echoes_request, Failure};
 pub(super) use validate::StepGrammar;
 use validate::StepGrammars;
 
@@ -47,6 +46,8 @@ struct Decided {
     /// An answer whose text is still to come: the decision stopped where it chose to answer
     /// ([`DecisionRequest::stop_at_answer`]).
     answer_pending: bool,
+    /// A call made instead of an answer whose arithmetic was wrong ([`Step::corrects_arithmetic`]).
+    corrects_arithmetic: bool,
 }
 
 /// Where a run stands between steps.
@@ -283,6 +284,7 @@ impl Agent {
                 stats: b.stats.clone(),
                 retries: 0,
                 answer_pending: false,
+                corrects_arithmetic: false,
             },
             _ => {
                 let grammar = match (&first_grammar, &branch) {
@@ -345,7 +347,7 @@ impl Agent {
         if let Some((g, threshold, measure)) = support::dropped_by(&self.config, grounding, named, support) {
             let calls = decided.decision.calls();
             self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold, measure });
-            match self.answer_instead(step_no, run, messages, grammars, tools)? {
+            match self.answer_instead(step_no, run, messages, grammars, tools, false)? {
                 Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
                 Attempt::Stop(s) => return Ok(Some(s)),
             }
@@ -358,7 +360,15 @@ impl Agent {
         if self.config.format == DecisionFormat::Native {
             self.drop_unstated(&turns.evidence, &mut decided);
         }
-        let Decided { mut decision, thinking, mut text, mut stats, mut retries, answer_pending } = decided;
+        let Decided {
+            mut decision,
+            thinking,
+            mut text,
+            mut stats,
+            mut retries,
+            answer_pending,
+            mut corrects_arithmetic,
+        } = decided;
         // Not asked again where the call score chose the answer and the model's own reply failed.
         if matches!(decision, Decision::FinalAnswer { .. }) && branch.is_none() {
             match self.own_words(run, &mut stats)? {
@@ -368,10 +378,11 @@ impl Agent {
                     decision = Decision::FinalAnswer { thought: String::new(), answer: own };
                 }
                 // The decision stopped at its choice, and the reply failed: its answer is written after all.
-                None if answer_pending => match self.answer_instead(step_no, run, messages, grammars, tools)? {
+                None if answer_pending => match self.answer_instead(step_no, run, messages, grammars, tools, true)? {
                     Attempt::Decided(d) => {
                         stats.add_generation(&d.stats);
                         (decision, text, retries) = (d.decision, d.text, retries + d.retries);
+                        corrects_arithmetic = d.corrects_arithmetic;
                     }
                     Attempt::Stop(s) => return Ok(Some(s)),
                 },
@@ -397,6 +408,7 @@ impl Agent {
             grounding,
             support,
             support_values,
+            corrects_arithmetic,
         };
         if let Decision::FinalAnswer { answer, .. } = &decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
@@ -419,7 +431,9 @@ impl Agent {
         known: &[(ToolCall, Option<CallOutcome>)],
     ) {
         let decision = step.decision.clone();
-        if self.run_calls(step_no, &decision, &mut step, run, forced_after_error, known) {
+        let held_all = self.run_calls(step_no, &decision, &mut step, run, forced_after_error, known);
+        self.answer_after_correction(&step, run);
+        if held_all {
             // Every call was held: the model never sees them (it would make them again, or give the reason
             // as its answer) and answers from what it had (the transcript keeps the step).
             messages.pop();
@@ -428,6 +442,16 @@ impl Agent {
         }
         self.emit(AgentEvent::StepCompleted { step: step_no, record: step.clone() });
         run.steps.push(step);
+    }
+
+    /// After a call made instead of an answer whose arithmetic was wrong, and that succeeded, the next
+    /// decision answers (under `auto`): the model had its answer but for the sum, which the call now
+    /// gives; left free it goes on calling (a small model reads the file again, asks the time, searches).
+    fn answer_after_correction(&self, step: &Step, run: &mut RunState) {
+        let ok = !step.calls.is_empty() && step.calls.iter().all(|c| c.outcome.is_ok());
+        if step.corrects_arithmetic && ok && self.config.tool_choice == ToolChoice::Auto {
+            run.force_answer = true;
+        }
     }
 
     /// A step of an earlier, interrupted run, from its trace: the decision is not made again, and the calls
@@ -449,6 +473,7 @@ impl Agent {
             let held_all = !record.calls.is_empty() && record.observation.is_none();
             let mut step = Step { calls: Vec::new(), ..record.clone() };
             self.run_calls(step_no, &record.decision, &mut step, run, forced_after_error, &known);
+            self.answer_after_correction(&step, run);
             if held_all {
                 messages.pop();
                 run.force_answer = self.config.tool_choice == ToolChoice::Auto;
@@ -468,6 +493,8 @@ impl Agent {
             grounding: None,
             support: None,
             support_values: Vec::new(),
+            // Not in the trace of a step the run stopped inside: the next decision is free.
+            corrects_arithmetic: false,
         };
         if let Decision::FinalAnswer { answer, .. } = &rec.decision {
             self.emit(AgentEvent::FinalAnswer { step: step_no, answer: answer.clone() });
@@ -479,8 +506,10 @@ impl Agent {
     }
 
     /// The step decided again as an answer, its last decision forgotten: after a first call that was
-    /// dropped, or after a decision that stopped at its choice to answer and whose reply failed. Only an
-    /// answer that repeats a tool's error is sent back.
+    /// dropped, or after a decision that stopped at its choice to answer and whose reply failed. An
+    /// answer that repeats a tool's error is sent back; where `arithmetic` (the reply failed), so is one
+    /// whose arithmetic is wrong, as a call (the reply that failed for a wrong sum is mostly followed by
+    /// an answer that writes another).
     fn answer_instead(
         &mut self,
         step: usize,
@@ -488,11 +517,13 @@ impl Agent {
         messages: &mut [ChatMessage],
         grammars: &StepGrammars,
         tools: Option<&Value>,
+        arithmetic: bool,
     ) -> Result<Attempt> {
         self.driver.rollback();
+        let checked = arithmetic && self.config.check_arithmetic && !run.force_answer;
         let checks = Checks {
-            call_only: None,
-            slips: None,
+            call_only: grammars.call_only.as_ref().filter(|_| checked),
+            slips: checked.then_some(&mut run.flagged_slips),
             failures: &run.failures,
             task: &run.task,
             pending: None,
@@ -502,178 +533,6 @@ impl Agent {
         self.attempt(step, messages, &grammars.answer_only, checks, tools, &mut run.stats)
     }
 
-    /// Gets one valid decision, retrying extraction and validation failures with the error fed back. An
-    /// answer that repeats the error of a failed call ([`Checks::failures`]) is retried too, as a call and
-    /// with no words about it (small models copy what they are told into the answer); on the last attempt
-    /// the run stops, saying what failed.
-    fn attempt(
-        &mut self,
-        step: usize,
-        messages: &mut [ChatMessage],
-        schema: &StepGrammar,
-        mut checks: Checks,
-        tools: Option<&Value>,
-        stats: &mut RunStats,
-    ) -> Result<Attempt> {
-        let mut feedback: Option<String> = None;
-        let mut last_error = String::new();
-        // After an arithmetic slip the retry calls a tool where there is a call-only grammar, and decodes
-        // as the first attempt did (greedy stays greedy); after an answer that must be a call it calls too,
-        // one of the calls the request still needs where it was given too early.
-        let (mut after_slip, mut call_instead, mut too_early) = (false, false, false);
-        // The grammar of the calls the pending need names, built the first time an answer comes too early.
-        let mut needed: Option<StepGrammar> = None;
-        for attempt in 0..=self.config.max_retries {
-            self.emit(AgentEvent::StepStarted { step, attempt });
-            // The failed output is not kept; the retry sees the conversation plus what was wrong.
-            let step_grammar = match (&needed, checks.call_only) {
-                (Some(g), _) if too_early => g,
-                (_, Some(g)) if after_slip || call_instead => g,
-                _ => schema,
-            };
-            let mut request_messages = messages.to_vec();
-            if let Some(f) = &feedback {
-                request_messages.push(ChatMessage::user(f.clone()));
-            }
-            if let Some(stop) = self.fit_context(messages, &mut request_messages, tools)? {
-                return Ok(Attempt::Stop(stop));
-            }
-            // A ReAct decision's call bias is the first decision's choice between calling and answering
-            // (calibrated on requests a person makes); later, after observations, the model chooses.
-            let mut biases = self.config.branch_biases;
-            if self.config.format == DecisionFormat::React && step > 1 {
-                biases.call = 0.0;
-            }
-            let req = DecisionRequest {
-                messages: &request_messages,
-                grammar: &step_grammar.grammar,
-                tools,
-                format: self.config.format,
-                biases,
-                max_tokens: self.config.max_decision_tokens,
-                attempt: if after_slip { 0 } else { attempt },
-                think_budget: self.config.think_budget,
-                stop_at_answer: checks.stop_at_answer && attempt == 0,
-            };
-            let out = match self.driver.decide(&req) {
-                Ok(o) => o,
-                // A generation stopped by the cancel handle (thinking returns no partial decision).
-                Err(_) if crate::limits::interrupted() => return Ok(Attempt::Stop(StopReason::Interrupted)),
-                Err(Error::EndpointDown { endpoint, problem }) => {
-                    return Ok(Attempt::Stop(StopReason::EndpointDown { endpoint, problem }))
-                }
-                Err(e) => return Ok(Attempt::Stop(StopReason::DriverError { message: e.to_string() })),
-            };
-            if crate::limits::interrupted() {
-                return Ok(Attempt::Stop(StopReason::Interrupted));
-            }
-            stats.count(&out.stats);
-            if let Some(budget) = self.config.token_budget.filter(|&b| stats.generated_tokens > b) {
-                return Ok(Attempt::Stop(StopReason::TokenBudget { used: stats.generated_tokens, budget }));
-            }
-            if out.answer_pending {
-                let decision = Decision::FinalAnswer { thought: String::new(), answer: String::new() };
-                let (thinking, text) = (out.thinking.clone(), out.text.clone());
-                let decided =
-                    Decided { decision, thinking, text, stats: out.stats, retries: attempt, answer_pending: true };
-                return Ok(Attempt::Decided(Box::new(decided)));
-            }
-            let last = attempt >= self.config.max_retries;
-            let checked = self.check(&out, step_grammar).and_then(|d| match checks.slips.as_deref_mut() {
-                // The last attempt's answer stands as it is, and so does one cut off by the token limit (its
-                // last number may be cut).
-                Some(flagged) if !last && out.complete => match arithmetic_slips(&d, messages, flagged) {
-                    Some(failure) => Err(failure),
-                    None => Ok(d),
-                },
-                _ => Ok(d),
-            });
-            // An answer while the request still needs a tool (a second file not yet read): call instead.
-            too_early = false;
-            let checked = match (checked, checks.pending.as_ref()) {
-                (Ok(d @ Decision::FinalAnswer { .. }), Some(need))
-                    if !last && !checks.raised.contains(&need.reason) =>
-                {
-                    checks.raised.push(need.reason.clone());
-                    too_early = true;
-                    needed = needed.or_else(|| self.need_grammar(need));
-                    let error = format!("answered too early: {}", need.reason);
-                    Err(Failure::CallInstead(error, serde_json::to_value(&d).unwrap_or(Value::Null)))
-                }
-                (c, _) => c,
-            };
-            // An answer that repeats a tool's error, or writes the request back after one, says only
-            // that the call failed.
-            let no_answer = |d: &Decision| match copied_failure(d, checks.failures) {
-                Some(f) => Some((format!("the answer repeats the error of `{}`", f.0), f)),
-                None => checks
-                    .failures
-                    .last()
-                    .filter(|_| echoes_request(d, checks.task))
-                    .map(|f| (format!("the answer repeats the request after `{}` failed", f.0), f)),
-            };
-            let checked = match checked.map(|d| (no_answer(&d), d)) {
-                Ok((Some((_, (tool, error))), _)) if last => {
-                    return Ok(Attempt::Stop(StopReason::ToolFailed { tool: tool.clone(), error: error.clone() }))
-                }
-                Ok((Some((why, _)), d)) => {
-                    Err(Failure::CallInstead(why, serde_json::to_value(&d).unwrap_or(Value::Null)))
-                }
-                Ok((None, d)) => Ok(d),
-                Err(e) => Err(e),
-            };
-            after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
-            call_instead = matches!(checked, Err(Failure::CallInstead(..)));
-            let error = match checked {
-                Ok(decision) => {
-                    let (decision, cut) = decision.until_repeated_call();
-                    let text = self.kept_text(&out.text, &decision, cut)?;
-                    return Ok(Attempt::Decided(Box::new(Decided {
-                        decision,
-                        thinking: out.thinking.clone(),
-                        text,
-                        stats: out.stats,
-                        retries: attempt,
-                        answer_pending: false,
-                    })));
-                }
-                Err(failure) => self.report_failure(step, attempt, failure, &out),
-            };
-            stats.retries += 1;
-            self.driver.rollback();
-            feedback = (!call_instead).then(|| match self.config.format {
-                DecisionFormat::React => format!(
-                    "Your last reply was not a valid decision: {error}. Reply with exactly one JSON decision object."
-                ),
-                DecisionFormat::Native => format!("Your last reply was not valid: {error}."),
-            });
-            last_error = error;
-        }
-        stats.retries -= 1; // the last failure was not followed by a retry
-        Ok(Attempt::Stop(StopReason::RetriesExhausted { step, last_error }))
-    }
-
-    /// Sends the failure's event; its message, for the retry's feedback.
-    fn report_failure(&mut self, step: usize, attempt: usize, failure: Failure, out: &DriverOutput) -> String {
-        match failure {
-            Failure::Extraction(error) => {
-                self.emit(AgentEvent::ExtractionFailed {
-                    step,
-                    attempt,
-                    error: error.clone(),
-                    output: out.text.clone(),
-                    stats: out.stats.clone(),
-                });
-                error
-            }
-            Failure::Validation(error, decision)
-            | Failure::Arithmetic(error, decision)
-            | Failure::CallInstead(error, decision) => {
-                self.emit(AgentEvent::ValidationFailed { step, attempt, error: error.clone(), decision });
-                error
-            }
-        }
-    }
 }
 
 /// A step's conversation and what its user and tool turns say (read once per step).

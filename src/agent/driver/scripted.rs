@@ -20,6 +20,10 @@ pub enum ScriptItem {
     /// The continuation of the decision before it, when the agent proposes one more call
     /// ([`Driver::extend`]); it is not a decision of its own.
     More(String),
+    /// The model's own reply in words ([`Driver::answer`]), given where the agent asks for one; a
+    /// driver holding such items also stops an answer at its choice where asked
+    /// ([`DecisionRequest::stop_at_answer`]), as the model's driver does.
+    Words(String),
 }
 
 impl<S: Into<String>> From<S> for ScriptItem {
@@ -62,18 +66,37 @@ impl Driver for ScriptedDriver {
 
     fn decide(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).push(req.messages.to_vec());
-        // Continuations the agent did not ask for are skipped.
-        while matches!(self.items.front(), Some(ScriptItem::More(_))) {
+        // Continuations and replies in words the agent did not ask for are skipped.
+        while matches!(self.items.front(), Some(ScriptItem::More(_) | ScriptItem::Words(_))) {
             self.items.pop_front();
         }
         let item = self.items.pop_front().ok_or_else(|| Error::param("scripted driver", "no decisions left"))?;
-        let (text, complete) = match item {
-            ScriptItem::Reply(t) | ScriptItem::More(t) => (t, true),
+        let (mut text, complete) = match item {
+            ScriptItem::Reply(t) | ScriptItem::More(t) | ScriptItem::Words(t) => (t, true),
             ScriptItem::CutOff(t) => (t, false),
         };
         let prompt_tokens = req.messages.iter().map(|m| m.content.len()).sum();
         let stats = DecisionStats { prompt_tokens, generated_tokens: text.len(), ..DecisionStats::default() };
-        Ok(DriverOutput { text, thinking: None, complete, stats, answer_pending: false })
+        // A script with replies in words stops an answer where it chose to answer, as a model's driver.
+        let has_words = self.items.iter().any(|i| matches!(i, ScriptItem::Words(_)));
+        let cut = text.find(super::ANSWER_CHOSEN).filter(|_| req.stop_at_answer && complete && has_words);
+        if let Some(at) = cut {
+            text.truncate(at);
+        }
+        Ok(DriverOutput { text, thinking: None, complete, stats, answer_pending: cut.is_some() })
+    }
+
+    fn answer(
+        &mut self,
+        _messages: &[ChatMessage],
+        _max_tokens: usize,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Option<DriverOutput>> {
+        let Some(ScriptItem::Words(text)) = self.items.front().cloned() else { return Ok(None) };
+        self.items.pop_front();
+        on_text(&text);
+        let stats = DecisionStats { generated_tokens: text.len(), ..DecisionStats::default() };
+        Ok(Some(DriverOutput::new(text, true, stats)))
     }
 
     fn extend(&mut self, _req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {

@@ -24,8 +24,15 @@ impl Agent {
             return Ok(None);
         }
         let messages = self.plain_turns(run);
+        // After calls the reply is checked against their results before it is the answer: it is shown
+        // once it passes, not as it comes (a reply that is then not used would have been shown).
+        let checked = self.called(run);
         let sink = &mut self.answer_text;
-        let mut on_text = |t: &str| sink.as_mut().map_or((), |f| f(t));
+        let mut on_text = |t: &str| {
+            if !checked {
+                sink.as_mut().map_or((), |f| f(t))
+            }
+        };
         let out = match self.driver.answer(&messages, self.config.answer_tokens, &mut on_text) {
             Ok(Some(out)) => out,
             Ok(None) => return Ok(None),
@@ -53,8 +60,11 @@ impl Agent {
         // decision's answer, written with the results in view.
         let given: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
         let grounded = || numbers_given(text, &given) && crate::agent::arithmetic::slips(text).is_empty();
-        if self.called(run) && !grounded() {
+        if checked && !grounded() {
             return Ok(None);
+        }
+        if let (true, Some(show)) = (checked, self.answer_text.as_mut()) {
+            show(text);
         }
         Ok(Some(text.to_string()))
     }
