@@ -532,7 +532,6 @@ impl Agent {
         };
         self.attempt(step, messages, &grammars.answer_only, checks, tools, &mut run.stats)
     }
-
 }
 
 /// A step's conversation and what its user and tool turns say (read once per step).
