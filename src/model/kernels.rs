@@ -428,6 +428,48 @@ unsafe fn rows_tokens_into(
         return;
     }
     let _ = packed;
+    // The 256-bit tiers' K-quants: each row once for up to four tokens, each super-block unpacked once
+    // for them all, every token reduced as its own mat-vec reduces it.
+    #[cfg(target_arch = "x86_64")]
+    if matches!(tier, Tier::Avx2 | Tier::AvxVnni) && t.block_elems() > QK {
+        use avx2::*;
+        let xs: Vec<&[Q8Block]> = x.chunks_exact(blocks).collect();
+        let sums: Vec<&[[i16; 16]]> = tokens.iter().map(|p| p.bsums.as_slice()).collect();
+        assert!(sums.iter().all(|s| s.len() * 8 == blocks), "the activations' block sums are packed for {t:?}");
+        macro_rules! group {
+            ($code:expr, $c:literal, $at:expr, $row:expr, $r:expr) => {{
+                let xg: [&[Q8Block]; $c] = std::array::from_fn(|i| xs[$at + i]);
+                let sg: [&[[i16; 16]]; $c] = std::array::from_fn(|i| sums[$at + i]);
+                let out = row_tokens_k::<{ $code }, $c>($row, &xg, &sg);
+                for (i, v) in out.into_iter().enumerate() {
+                    *y.add(($at + i) * n + $r) = v;
+                }
+            }};
+        }
+        macro_rules! rows_of {
+            ($code:expr) => {{
+                for r in rows.clone() {
+                    let row = w.as_ptr().add(r * row_bytes);
+                    let mut c = 0;
+                    while c < m {
+                        match m - c {
+                            1 => group!($code, 1, c, row, r),
+                            2 => group!($code, 2, c, row, r),
+                            3 => group!($code, 3, c, row, r),
+                            _ => group!($code, 4, c, row, r),
+                        }
+                        c += (m - c).min(4);
+                    }
+                }
+            }};
+        }
+        match code(t) {
+            Q4K => rows_of!(Q4K),
+            Q5K => rows_of!(Q5K),
+            _ => rows_of!(Q6K),
+        }
+        return;
+    }
     // The other tiers: each run of four rows (in L1 after the first token) through the mat-vec's own row
     // kernels, one token at a time: short rows four at a time, long rows one at a time.
     for r in rows.clone().step_by(4) {

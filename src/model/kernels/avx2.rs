@@ -196,6 +196,54 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
     out
 }
 
+/// Q4_K / Q5_K: chunk `j` of a super-block's quants (at `b + qs`) as its two sub-blocks' values, low
+/// nibbles and high nibbles, with the fifth bits from `qh` for Q5_K.
+#[inline(always)]
+unsafe fn k4_pair<const T: u8>(b: *const u8, qs: usize, qh: __m256i, j: usize, m4: __m256i) -> (__m256i, __m256i) {
+    let v = _mm256_loadu_si256(b.add(qs + 32 * j) as *const __m256i);
+    let mut lo = _mm256_and_si256(v, m4);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if T == Q5K {
+        lo = _mm256_or_si256(lo, bit_as_16(qh, 1 << (2 * j)));
+        hi = _mm256_or_si256(hi, bit_as_16(qh, 2 << (2 * j)));
+    }
+    (lo, hi)
+}
+
+/// Q6_K: half `half` of a super-block (at `b`) as its four 32-element quarters, unsigned 0..63,
+/// assembled from the `ql` nibbles and `qh` bit pairs.
+#[inline(always)]
+unsafe fn q6k_quarters(b: *const u8, half: usize, m4: __m256i, m2: __m256i) -> [__m256i; 4] {
+    let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+    let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+    let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+    [
+        _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+        _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2)),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
+        ),
+    ]
+}
+
+/// Q6_K: each half's 8 scales (from the 16 as 16-bit lanes), each one doubled into a 32-bit lane
+/// (`scales[h]` lane `j`: scale `8h + j`), so that quarter `k` takes scale `2k` for its first 16 elements
+/// and `2k + 1` for the next 16 with one 32-bit permute ([`q6k_scale`]).
+#[inline(always)]
+unsafe fn q6k_half_scales(sc16: __m256i) -> [__m256i; 2] {
+    let (lo, hi) = (_mm256_unpacklo_epi16(sc16, sc16), _mm256_unpackhi_epi16(sc16, sc16));
+    [_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi)]
+}
+
+/// Q6_K: quarter `k`'s scales from its half's ([`q6k_half_scales`]).
+#[inline(always)]
+unsafe fn q6k_scale(half_scales: __m256i, k: usize) -> __m256i {
+    let (a, b) = (2 * k as i32, 2 * k as i32 + 1);
+    _mm256_permutevar8x32_epi32(half_scales, _mm256_setr_epi32(a, a, a, a, b, b, b, b))
+}
+
 /// Dot products of `R` K-quant weight rows with `x`, whose 8 activation blocks per super-block share
 /// one scale (see [`super::quantize_row_q8_for`]).
 ///
@@ -246,13 +294,7 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
                 let qh = if T == Q5K { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { m4 };
                 let mut sumi = _mm256_setzero_si256();
                 for j in 0..4 {
-                    let v = _mm256_loadu_si256(b.add(qs + 32 * j) as *const __m256i);
-                    let mut lo = _mm256_and_si256(v, m4);
-                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    if T == Q5K {
-                        lo = _mm256_or_si256(lo, bit_as_16(qh, 1 << (2 * j)));
-                        hi = _mm256_or_si256(hi, bit_as_16(qh, 2 << (2 * j)));
-                    }
+                    let (lo, hi) = k4_pair::<T>(b, qs, qh, j, m4);
                     let s0 = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(SCALE_PICK[2 * j]));
                     let s1 = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(SCALE_PICK[2 * j + 1]));
                     let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, qx[2 * j]), s0);
@@ -274,32 +316,12 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
                 let d = _mm256_mul_ps(f16x8(b.add(208)), _mm256_set1_ps(dx));
                 // `Σ scale·32·Σx` over the 16 scale groups, taken off the sums at the end.
                 let off = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i)), hsums);
-                // Each half's 8 scales, each one doubled into a 32-bit lane (`scales[h]` lane `j`: scale
-                // `8h + j`), so that quarter `k` takes scale `2k` for its first 16 elements and `2k + 1` for
-                // the next 16 with one 32-bit permute (`lo` = s0..s3 | s8..s11, `hi` = s4..s7 | s12..s15).
                 let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
-                let (lo, hi) = (_mm256_unpacklo_epi16(sc16, sc16), _mm256_unpackhi_epi16(sc16, sc16));
-                let scales = [_mm256_permute2x128_si256::<0x20>(lo, hi), _mm256_permute2x128_si256::<0x31>(lo, hi)];
                 let mut sumi = _mm256_setzero_si256();
-                for (half, half_scales) in scales.iter().enumerate() {
-                    let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
-                    let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
-                    let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
-                    let q = [
-                        _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
-                        _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2)),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                        ),
-                    ];
-                    for (k, qk) in q.iter().enumerate() {
-                        let i = 4 * half + k;
-                        let p16 = _mm256_maddubs_epi16(*qk, qx[i]);
-                        let (a, b) = (2 * k as i32, 2 * k as i32 + 1);
-                        let s = _mm256_permutevar8x32_epi32(*half_scales, _mm256_setr_epi32(a, a, a, a, b, b, b, b));
-                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, s));
+                for (half, half_scales) in q6k_half_scales(sc16).into_iter().enumerate() {
+                    for (k, qk) in q6k_quarters(b, half, m4, m2).into_iter().enumerate() {
+                        let p16 = _mm256_maddubs_epi16(qk, qx[4 * half + k]);
+                        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, q6k_scale(half_scales, k)));
                     }
                 }
                 let sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32::<5>(off));
@@ -313,6 +335,95 @@ unsafe fn rows_dot_k_impl<const T: u8, const R: usize>(
         out[r] = hsum(acc[r]) - _mm_cvtss_f32(_mm_hadd_ps(m, m));
     }
     out
+}
+
+/// One K-quant weight row's dot products with `C` tokens (a short batch), each super-block unpacked
+/// once for all of them. Every token's sums go through the same operations in the same order as
+/// [`rows_dot_k_impl`]'s for that row and token, so each result is bit for bit the token's own mat-vec.
+#[inline(always)]
+unsafe fn row_tokens_k_impl<const T: u8, const C: usize>(
+    row: *const u8,
+    xs: &[&[Q8Block]; C],
+    bsums: &[&[[i16; 16]]; C],
+) -> [f32; C] {
+    let bb = block_bytes(T);
+    let mut acc = [_mm256_setzero_ps(); C];
+    let mut min_acc = [_mm_setzero_ps(); C];
+    let m4 = _mm256_set1_epi8(0x0F);
+    let supers = xs[0].len() / 8;
+    for sb in 0..supers {
+        let b = row.add(sb * bb);
+        prefetch_next_rows::<1>(b, bb, bb.div_ceil(64));
+        // A macro, not a closure: a closure does not inherit the target features.
+        macro_rules! qx {
+            ($c:expr, $i:expr) => {
+                _mm256_loadu_si256(xs[$c][8 * sb + $i].qs.as_ptr() as *const __m256i)
+            };
+        }
+        if T == Q4K || T == Q5K {
+            let qs = if T == Q5K { 48 } else { 16 };
+            let mut dd = [_mm_setzero_ps(); C];
+            for c in 0..C {
+                dd[c] = _mm_mul_ps(f16_pair(b), _mm_set1_ps(xs[c][8 * sb].d));
+            }
+            let (scales, mins) = super::q4k_scales_mins(&*(b.add(4) as *const [u8; 12]));
+            let sc = _mm256_broadcastsi128_si256(widen_bytes(scales));
+            let qh = if T == Q5K { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { m4 };
+            let mut sumi = [_mm256_setzero_si256(); C];
+            for j in 0..4 {
+                let (lo, hi) = k4_pair::<T>(b, qs, qh, j, m4);
+                let s0 = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(SCALE_PICK[2 * j]));
+                let s1 = _mm256_shuffle_epi8(sc, _mm256_set1_epi16(SCALE_PICK[2 * j + 1]));
+                for c in 0..C {
+                    let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, qx!(c, 2 * j)), s0);
+                    let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, qx!(c, 2 * j + 1)), s1);
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));
+                }
+            }
+            for c in 0..C {
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[c]), _mm256_broadcastss_ps(dd[c]), acc[c]);
+                let bs = _mm_loadu_si128(bsums[c][sb].as_ptr() as *const __m128i);
+                let summ = _mm_madd_epi16(widen_bytes(mins), bs);
+                min_acc[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(summ), _mm_permute_ps::<0b0101_0101>(dd[c]), min_acc[c]);
+            }
+        } else {
+            let m2 = _mm256_set1_epi8(0x30);
+            let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192) as *const __m128i));
+            let mut sumi = [_mm256_setzero_si256(); C];
+            for (half, half_scales) in q6k_half_scales(sc16).into_iter().enumerate() {
+                for (k, qk) in q6k_quarters(b, half, m4, m2).into_iter().enumerate() {
+                    let s = q6k_scale(half_scales, k);
+                    for c in 0..C {
+                        let p16 = _mm256_maddubs_epi16(qk, qx!(c, 4 * half + k));
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p16, s));
+                    }
+                }
+            }
+            for c in 0..C {
+                let d = _mm256_mul_ps(f16x8(b.add(208)), _mm256_set1_ps(xs[c][8 * sb].d));
+                let hsums = _mm256_loadu_si256(bsums[c][sb].as_ptr() as *const __m256i);
+                let off = _mm256_madd_epi16(sc16, hsums);
+                let s = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32::<5>(off));
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[c]);
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for c in 0..C {
+        let m = _mm_hadd_ps(min_acc[c], min_acc[c]);
+        out[c] = hsum(acc[c]) - _mm_cvtss_f32(_mm_hadd_ps(m, m));
+    }
+    out
+}
+
+/// [`row_tokens_k_impl`] with the tier's features.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn row_tokens_k<const T: u8, const C: usize>(
+    row: *const u8,
+    xs: &[&[Q8Block]; C],
+    bsums: &[&[[i16; 16]]; C],
+) -> [f32; C] {
+    row_tokens_k_impl::<T, C>(row, xs, bsums)
 }
 
 /// `pshufb` indices that broadcast 16-bit lane `k` of a 128-bit lane to all 8 of its lanes.
@@ -401,18 +512,7 @@ pub(super) unsafe fn dequantize_blocks<const T: u8>(src: *const u8, n: usize, ou
                 let sc = b.add(192) as *const i8;
                 let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
                 for half in 0..2 {
-                    let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
-                    let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
-                    let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
-                    let q = [
-                        _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
-                        _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m2)),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2),
-                        ),
-                    ];
+                    let q = q6k_quarters(b, half, m4, m2);
                     for (k, qk) in q.iter().enumerate() {
                         let blk = 4 * half + k;
                         let (s0, s1) = (d * *sc.add(2 * blk) as f32, d * *sc.add(2 * blk + 1) as f32);
