@@ -433,13 +433,12 @@ unsafe fn rows_tokens_into(
     #[cfg(target_arch = "x86_64")]
     if matches!(tier, Tier::Avx2 | Tier::AvxVnni) && t.block_elems() > QK {
         use avx2::*;
-        let xs: Vec<&[Q8Block]> = x.chunks_exact(blocks).collect();
-        let sums: Vec<&[[i16; 16]]> = tokens.iter().map(|p| p.bsums.as_slice()).collect();
-        assert!(sums.iter().all(|s| s.len() * 8 == blocks), "the activations' block sums are packed for {t:?}");
+        // Each token's blocks and block sums taken where they lie: this runs once per work item.
+        assert!(tokens.iter().all(|p| p.bsums.len() * 8 == blocks), "the activations' block sums are packed for {t:?}");
         macro_rules! group {
             ($code:expr, $c:literal, $at:expr, $row:expr, $r:expr) => {{
-                let xg: [&[Q8Block]; $c] = std::array::from_fn(|i| xs[$at + i]);
-                let sg: [&[[i16; 16]]; $c] = std::array::from_fn(|i| sums[$at + i]);
+                let xg: [&[Q8Block]; $c] = std::array::from_fn(|i| &x[($at + i) * blocks..][..blocks]);
+                let sg: [&[[i16; 16]]; $c] = std::array::from_fn(|i| tokens[$at + i].bsums.as_slice());
                 let out = row_tokens_k::<{ $code }, $c>($row, &xg, &sg);
                 for (i, v) in out.into_iter().enumerate() {
                     *y.add(($at + i) * n + $r) = v;
