@@ -482,6 +482,13 @@ mod tests {
         assert_eq!(calculate("(10 + 10)% * 50").unwrap(), json!(10));
         assert_eq!(calculate("17 % 5").unwrap(), json!(2));
         assert_eq!(calculate("17 %(5)").unwrap(), json!(2));
+        // Python's power and a square root, as models write them.
+        assert_eq!(calculate("6**3").unwrap(), json!(216));
+        assert_eq!(calculate("169 ** 0.5").unwrap(), json!(13));
+        assert_eq!(calculate("sqrt(169) + 1").unwrap(), json!(14));
+        assert_eq!(calculate("√(2 * 8)").unwrap(), json!(4));
+        assert!(calculate("sqr(4)").is_err());
+        assert!(calculate("sqrt").is_err());
     }
 
     #[test]

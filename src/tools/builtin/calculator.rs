@@ -50,12 +50,14 @@ pub(crate) fn calculate(expr: &str) -> std::result::Result<Value, ToolError> {
     if expr.len() > 1000 {
         return Err(ToolError("expression too long".into()));
     }
+    // Spellings models write for a power and a square root (Python's `**`, `sqrt(169)`, `√169`).
+    let expr = expr.replace("**", "^").replace('√', "sqrt");
     let ok = |c: char| c.is_ascii_digit() || c.is_whitespace() || "+-*/%^().eE".contains(c);
-    if let Some(bad) = expr.chars().find(|&c| !ok(c)) {
-        return Err(ToolError(format!("only numbers and + - * / % ^ ( ) are allowed, found `{bad}`")));
+    if let Some(bad) = expr.replace("sqrt", "").chars().find(|&c| !ok(c)) {
+        return Err(ToolError(format!("only numbers and + - * / % ^ ( ) sqrt are allowed, found `{bad}`")));
     }
     // Integers would divide as integers (7/2 = 3): evaluate in floating point.
-    let v = evalexpr::eval_number(&float_literals(&percents(expr)))
+    let v = evalexpr::eval_number(&float_literals(&percents(&expr)).replace("sqrt", "math::sqrt"))
         .map_err(|e| ToolError(format!("cannot evaluate: {e}")))?;
     if !v.is_finite() {
         return Err(ToolError("the result is not a finite number".into()));
