@@ -96,6 +96,8 @@ pub struct DecisionDefaults {
     pub abstain_below: Option<f32>,
     /// The agent's `min_support`.
     pub min_support: Option<f32>,
+    /// The agent's `min_tool_support`.
+    pub min_tool_support: Option<f32>,
     /// The agent's `keep_named_tool_calls`; absent: its default.
     pub keep_named_tool_calls: Option<bool>,
     /// The agent's `propose_more_calls`.

@@ -48,6 +48,8 @@ pub enum DropMeasure {
     Grounding,
     /// The call's support from the request, in nats.
     Support,
+    /// The support from the request of the call's tool's name, in nats.
+    ToolSupport,
 }
 
 impl DecisionStats {
@@ -282,6 +284,10 @@ pub struct Step {
     /// log-probabilities, so that other measures can be tried offline.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub support_values: Vec<ValueScore>,
+    /// The first decision under `auto`: the score of its first call's tool name, as its values' are
+    /// scored ([`AgentConfig::min_tool_support`](super::AgentConfig::min_tool_support)), kept or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_support: Option<ValueScore>,
     /// The decision is a call made instead of an answer whose arithmetic was wrong (sent back by
     /// [`AgentConfig::check_arithmetic`](super::AgentConfig::check_arithmetic)): once it succeeds, the next
     /// decision answers.

@@ -107,6 +107,12 @@ pub struct AgentConfig {
     /// request does not call for, about none. Costs two scorings of the decision's text. Calibrated per
     /// model in the catalog; `None`: not measured.
     pub min_support: Option<f32>,
+    /// Under `auto`, a first decision whose first call's tool name the request made less than this many
+    /// nats more likely than an empty request does becomes an answer, as with
+    /// [`min_support`](Self::min_support) (scored in the same two passes): a tool the request does not
+    /// call for ("play some jazz" answered by a file search) gains little or loses, where its values,
+    /// copied from the request, gain much. Calibrated per model in the catalog; `None`: not applied.
+    pub min_tool_support: Option<f32>,
     /// Abstention keeps a call whose tool the user named ([`Evidence::names_tool`](grounding::Evidence::names_tool):
     /// a word of the request is a part of the tool's or a parameter's name): its values are derived from
     /// the request ("the weather in the capital of Japan"), not made up. Off in the single-decision
@@ -188,6 +194,7 @@ impl Default for AgentConfig {
             retry_failed_tool: true,
             abstain_below: None,
             min_support: None,
+            min_tool_support: None,
             keep_named_tool_calls: true,
             propose_more_calls: false,
             drop_unstated_options: false,
@@ -220,6 +227,7 @@ setters!(AgentConfig {
     retry_failed_tool: bool,
     abstain_below: Option<f32>,
     min_support: Option<f32>,
+    min_tool_support: Option<f32>,
     keep_named_tool_calls: bool,
     propose_more_calls: bool,
     drop_unstated_options: bool,
@@ -301,6 +309,7 @@ impl AgentConfig {
         };
         self.abstain_below = s.abstain_below.filter(|&g| g > 0.0);
         self.min_support = s.min_support;
+        self.min_tool_support = s.min_tool_support;
         if let Some(keep) = s.keep_named_tool_calls {
             self.keep_named_tool_calls = keep;
         }

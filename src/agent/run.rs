@@ -333,18 +333,21 @@ impl Agent {
                 _ => None,
             };
         // The same choice from the model's scores: a call the request hardly made more likely.
-        let support_values = match (free_first && self.config.tool_choice == ToolChoice::Auto, self.config.min_support)
-        {
-            (true, Some(_)) => self.first_call_scores(messages, tools, &decided.decision, &decided.text)?,
-            _ => Vec::new(),
+        let measured = self.config.min_support.is_some() || self.config.min_tool_support.is_some();
+        let scores = match free_first && self.config.tool_choice == ToolChoice::Auto && measured {
+            true => self.first_call_scores(messages, tools, &decided.decision, &decided.text)?,
+            false => support::CallScores::default(),
         };
-        let support = support::support_of(&support_values);
+        let support = support::support_of(&scores.values);
+        let tool_support = scores.tool.as_ref().map(|t| t.with - t.without);
         // A tool the user named is not a guess: its values are derived, not made up.
         let named = |call: &ToolCall| {
             self.executor.tools().get(&call.tool).is_some_and(|t| evidence.names_tool(&call.tool, &t.spec().parameters))
         };
         let named = self.config.keep_named_tool_calls && decided.decision.calls().first().is_some_and(named);
-        if let Some((g, threshold, measure)) = support::dropped_by(&self.config, grounding, named, support) {
+        if let Some((g, threshold, measure)) =
+            support::dropped_by(&self.config, grounding, named, support, tool_support)
+        {
             let calls = decided.decision.calls();
             self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold, measure });
             match self.answer_instead(step_no, run, messages, grammars, tools, false)? {
@@ -407,7 +410,8 @@ impl Agent {
             stats,
             grounding,
             support,
-            support_values,
+            support_values: scores.values,
+            tool_support: scores.tool,
             corrects_arithmetic,
         };
         if let Decision::FinalAnswer { answer, .. } = &decision {
@@ -493,6 +497,7 @@ impl Agent {
             grounding: None,
             support: None,
             support_values: Vec::new(),
+            tool_support: None,
             // Not in the trace of a step the run stopped inside: the next decision is free.
             corrects_arithmetic: false,
         };

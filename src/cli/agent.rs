@@ -171,6 +171,9 @@ pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: RemoteConstra
     if let Some(s) = config.min_support {
         unapplied.push(format!("min support {s}"));
     }
+    if let Some(s) = config.min_tool_support {
+        unapplied.push(format!("min tool support {s}"));
+    }
     if !unapplied.is_empty() {
         said.push_str(&format!("; not applied remotely: {}", unapplied.join(", ")));
     }

@@ -383,6 +383,11 @@ pub(crate) struct DecisionArgs {
     /// from the request (in nats, from the model's own scores) is below this ("none" disables).
     #[arg(long, allow_negative_numbers = true, value_name = "NATS|none")]
     pub(crate) min_support: Option<String>,
+    /// Under `--tool-choice auto`, turn a first decision into an answer when the support of its first
+    /// call's tool name from the request (in nats, from the model's own scores) is below this ("none"
+    /// disables).
+    #[arg(long, allow_negative_numbers = true, value_name = "NATS|none")]
+    pub(crate) min_tool_support: Option<String>,
     /// Abstention keeps a call whose tool the request names (a word of it is a part of the tool's or a
     /// parameter's name): its values are derived, not made up.
     #[arg(long, value_name = "yes|no")]
@@ -460,13 +465,11 @@ impl DecisionArgs {
             Some(g) => config.abstain_below = (g > 0.0).then_some(g),
             None => {}
         }
-        match self.min_support.as_deref() {
-            Some("none") => config.min_support = None,
-            Some(s) => match s.parse::<f32>() {
-                Ok(v) if v.is_finite() => config.min_support = Some(v),
-                _ => bail!("--min-support takes a number of nats or `none`, not `{s}`"),
-            },
-            None => {}
+        if let Some(s) = self.min_support.as_deref() {
+            config.min_support = nats_or_none("--min-support", s)?;
+        }
+        if let Some(s) = self.min_tool_support.as_deref() {
+            config.min_tool_support = nats_or_none("--min-tool-support", s)?;
         }
         let toggle = |t: Option<Toggle>, default| t.map_or(default, |t| t == Toggle::Yes);
         config.keep_named_tool_calls = toggle(self.keep_named_tool_calls, config.keep_named_tool_calls);
@@ -482,6 +485,17 @@ impl DecisionArgs {
             config.think_budget = n;
         }
         Ok(())
+    }
+}
+
+/// A threshold in nats given to `flag`, or `none`.
+fn nats_or_none(flag: &str, s: &str) -> Result<Option<f32>> {
+    match s {
+        "none" => Ok(None),
+        _ => match s.parse::<f32>() {
+            Ok(v) if v.is_finite() => Ok(Some(v)),
+            _ => bail!("{flag} takes a number of nats or `none`, not `{s}`"),
+        },
     }
 }
 
@@ -501,6 +515,9 @@ pub(crate) fn describe_decisions(
     s += &format!(", first call {}, abstain below {abstain}", config.first_call);
     if let Some(m) = config.min_support {
         s += &format!(", calls supported by at least {m} nats");
+    }
+    if let Some(m) = config.min_tool_support {
+        s += &format!(", tools supported by at least {m} nats");
     }
     if config.abstain_below.is_some() && config.keep_named_tool_calls {
         s += " (keeping calls of tools the request names)";

@@ -256,6 +256,9 @@ pub struct TaskResult {
     /// Its values' scores ([`Step::support_values`](crate::agent::Step::support_values)).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub support_values: Vec<crate::agent::ValueScore>,
+    /// Its tool name's score ([`Step::tool_support`](crate::agent::Step::tool_support)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_support: Option<crate::agent::ValueScore>,
     /// The grounding of the first call the model made (see [`crate::agent::grounding`]), kept or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<f32>,
@@ -551,6 +554,7 @@ fn invalid_task_result(task: &EvalTask, error: &str) -> TaskResult {
         stop_margins: Vec::new(),
         support: None,
         support_values: Vec::new(),
+        tool_support: None,
         grounding: None,
     }
 }
@@ -600,6 +604,7 @@ fn task_result(task: &EvalTask, t: &Transcript, specs: &[ToolSpec], dry_run: boo
         grounding: t.steps.first().and_then(|s| s.grounding),
         support: t.steps.first().and_then(|s| s.support),
         support_values: t.steps.first().map(|s| s.support_values.clone()).unwrap_or_default(),
+        tool_support: t.steps.first().and_then(|s| s.tool_support.clone()),
     })
 }
 

@@ -25,12 +25,14 @@ use super::super::Agent;
 use crate::error::Result;
 
 /// What drops a first call, if anything: its word grounding under `abstain_below` (unless the request
-/// names its tool), else its support under `min_support`; with the measure and the threshold.
+/// names its tool), else its support under `min_support`, else its tool name's support under
+/// `min_tool_support`; with the measure and the threshold.
 pub(super) fn dropped_by(
     config: &AgentConfig,
     grounding: Option<f32>,
     named: bool,
     support: Option<f32>,
+    tool_support: Option<f32>,
 ) -> Option<(f32, f32, DropMeasure)> {
     let below = |measure: Option<f32>, threshold: Option<f32>| match (measure, threshold) {
         (Some(m), Some(t)) if m < t => Some((m, t)),
@@ -39,6 +41,14 @@ pub(super) fn dropped_by(
     below(grounding, config.abstain_below.filter(|_| !named))
         .map(|(m, t)| (m, t, DropMeasure::Grounding))
         .or_else(|| below(support, config.min_support).map(|(m, t)| (m, t, DropMeasure::Support)))
+        .or_else(|| below(tool_support, config.min_tool_support).map(|(m, t)| (m, t, DropMeasure::ToolSupport)))
+}
+
+/// A first call's scores: each stated value's ([`value_scores`]) and its tool name's.
+#[derive(Debug, Default)]
+pub(super) struct CallScores {
+    pub(super) values: Vec<ValueScore>,
+    pub(super) tool: Option<ValueScore>,
 }
 
 /// The conversation without the request: the last user message emptied.
@@ -71,24 +81,9 @@ pub(crate) fn value_scores(
     call: &ToolCall,
     parameters: Option<&serde_json::Value>,
 ) -> Vec<ValueScore> {
-    let mut starts = Vec::with_capacity(tokens.len());
-    let mut joined = String::new();
-    for (piece, ..) in tokens {
-        starts.push(joined.len());
-        joined.push_str(piece);
-    }
-    // The tokens' text is the decision's text where the tokenizer round-trips; elsewhere nothing is said.
-    if joined != text {
-        return Vec::new();
-    }
-    // The summed scores of the tokens overlapping `from..to`; `None` where there are none.
-    let span = |value: &str, from: usize, to: usize| {
-        let mut over = tokens.iter().zip(&starts).filter(|((p, ..), &s)| s < to && s + p.len() > from).peekable();
-        over.peek()?;
-        let (with, without) = over.fold((0.0, 0.0), |(a, b), ((_, w, wo), _)| (a + w, b + wo));
-        Some(ValueScore { value: value.to_string(), with, without })
-    };
-    let Some(name) = text.find(&format!("\"{}\"", call.tool)).map(|i| i + 1) else { return Vec::new() };
+    let Some(spans) = Spans::new(tokens, text) else { return Vec::new() };
+    let span = |value: &str, from: usize, to: usize| spans.score(value, from, to);
+    let Some(name) = tool_name_at(text, call) else { return Vec::new() };
     let at = name + call.tool.len();
     let mut values = Vec::new();
     match &call.args {
@@ -112,6 +107,46 @@ pub(crate) fn value_scores(
         scores.extend(span(&v, i + inner.start, i + inner.end));
     }
     scores
+}
+
+/// The score of `call`'s tool name in `text`, as [`value_scores`] scores values; `None` where the call
+/// is not found.
+pub(crate) fn tool_score(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Option<ValueScore> {
+    let name = tool_name_at(text, call)?;
+    Spans::new(tokens, text)?.score(&call.tool, name, name + call.tool.len())
+}
+
+/// Where `call`'s tool name starts in `text` (inside its quotes).
+fn tool_name_at(text: &str, call: &ToolCall) -> Option<usize> {
+    text.find(&format!("\"{}\"", call.tool)).map(|i| i + 1)
+}
+
+/// Scored tokens with where each starts in the text they spell.
+struct Spans<'a> {
+    tokens: &'a [(String, f32, f32)],
+    starts: Vec<usize>,
+}
+
+impl<'a> Spans<'a> {
+    /// `None` where the tokens do not spell `text` (a tokenizer that does not round-trip): nothing is said.
+    fn new(tokens: &'a [(String, f32, f32)], text: &str) -> Option<Self> {
+        let mut starts = Vec::with_capacity(tokens.len());
+        let mut joined = String::new();
+        for (piece, ..) in tokens {
+            starts.push(joined.len());
+            joined.push_str(piece);
+        }
+        (joined == text).then_some(Spans { tokens, starts })
+    }
+
+    /// The summed scores of the tokens overlapping `from..to`; `None` where there are none.
+    fn score(&self, value: &str, from: usize, to: usize) -> Option<ValueScore> {
+        let mut over =
+            self.tokens.iter().zip(&self.starts).filter(|((p, ..), &s)| s < to && s + p.len() > from).peekable();
+        over.peek()?;
+        let (with, without) = over.fold((0.0, 0.0), |(a, b), ((_, w, wo), _)| (a + w, b + wo));
+        Some(ValueScore { value: value.to_string(), with, without })
+    }
 }
 
 /// A ReAct decision's text with its thought emptied, where it has one. A call is scored without its
@@ -165,21 +200,21 @@ fn leaves(v: &serde_json::Value, out: &mut Vec<String>) {
 }
 
 impl Agent {
-    /// The scores of `decision`'s first call's values with and without the request (see the module),
-    /// or none where the driver cannot score or the call is not found in `text`.
+    /// The scores of `decision`'s first call's values and tool name with and without the request (see
+    /// the module), or none where the driver cannot score or the call is not found in `text`.
     pub(super) fn first_call_scores(
         &mut self,
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
         decision: &Decision,
         text: &str,
-    ) -> Result<Vec<ValueScore>> {
-        let Some(call) = decision.calls().into_iter().next() else { return Ok(Vec::new()) };
+    ) -> Result<CallScores> {
+        let Some(call) = decision.calls().into_iter().next() else { return Ok(CallScores::default()) };
         let thoughtless = without_thought(text);
         let text = thoughtless.as_deref().unwrap_or(text);
-        let Some(with) = self.driver.score(messages, tools, text)? else { return Ok(Vec::new()) };
+        let Some(with) = self.driver.score(messages, tools, text)? else { return Ok(CallScores::default()) };
         let Some(without) = self.driver.score(&without_request(messages), tools, text)? else {
-            return Ok(Vec::new());
+            return Ok(CallScores::default());
         };
         let tokens: Vec<(String, f32, f32)> = with.into_iter().zip(without).map(|((p, a), (_, b))| (p, a, b)).collect();
         if std::env::var_os("REAGENT_DEBUG_SUPPORT").is_some() {
@@ -187,7 +222,10 @@ impl Agent {
             eprintln!("[support] {}", shown.join(" "));
         }
         let tool = self.executor.tools().get(&call.tool);
-        Ok(value_scores(&tokens, text, &call, tool.map(|t| &t.spec().parameters)))
+        Ok(CallScores {
+            values: value_scores(&tokens, text, &call, tool.map(|t| &t.spec().parameters)),
+            tool: tool_score(&tokens, text, &call),
+        })
     }
 }
 
