@@ -109,6 +109,9 @@ pub struct DecisionDefaults {
     /// The agent's `drop_unstated_calls`.
     #[serde(default)]
     pub drop_unstated_calls: bool,
+    /// Calls one decision may make (`DecisionOptions::parallel_calls`) where the caller set none;
+    /// absent: one.
+    pub parallel_calls: Option<usize>,
     /// Maximum characters of a ReAct decision's thought (`DecisionOptions::max_thought_chars`);
     /// absent: its default.
     pub thought_chars: Option<usize>,

@@ -212,10 +212,14 @@ fn a_first_call_the_request_does_not_support_becomes_an_answer() {
     use reagent::tools::{builtin_tools, BuiltinOptions};
     use std::sync::{Arc, Mutex};
 
-    let run = |threshold: f32| {
+    let run = |threshold: f32, tool_threshold: Option<f32>| {
         let events = Arc::new(Mutex::new(Vec::new()));
         let sink = events.clone();
-        let mut config = AgentConfig::default().max_steps(2).answer_tokens(24).min_support(Some(threshold));
+        let mut config = AgentConfig::default()
+            .max_steps(2)
+            .answer_tokens(24)
+            .min_support(Some(threshold))
+            .min_tool_support(tool_threshold);
         // The model is made to call: the branch's bias on the ReAct `type` far towards a call.
         config.branch_biases.call = 30.0;
         let mut agent = Agent::builder()
@@ -232,15 +236,26 @@ fn a_first_call_the_request_does_not_support_becomes_an_answer() {
         });
         (t, dropped)
     };
-    let (kept, none) = run(-1000.0);
+    let (kept, none) = run(-1000.0, None);
     let support = kept.steps[0].support.expect("the first call's support is measured");
     assert!(support.is_finite() && none.is_none(), "{support} {none:?}");
     assert!(!kept.steps[0].calls.is_empty(), "{:?}", kept.steps[0]);
+    // The tool's name is scored in the same passes, whether or not a threshold applies to it.
+    let tool = kept.steps[0].tool_support.clone().expect("the first call's tool name is scored");
+    assert_eq!(tool.value, kept.steps[0].calls[0].call.tool);
+    let tool_support = tool.with - tool.without;
 
-    let (answered, dropped) = run(1000.0);
+    let (answered, dropped) = run(1000.0, None);
     assert_eq!(dropped, Some((support, 1000.0, DropMeasure::Support)));
     assert_eq!(answered.steps[0].support.map(f32::to_bits), Some(support.to_bits()));
     assert!(answered.steps[0].calls.is_empty() && answered.final_answer.is_some(), "{:?}", answered.steps[0]);
+
+    // The values supported enough, the tool's name not: dropped by that measure.
+    let (answered, dropped) = run(-1000.0, Some(1000.0));
+    assert_eq!(dropped, Some((tool_support, 1000.0, DropMeasure::ToolSupport)));
+    assert!(answered.steps[0].calls.is_empty() && answered.final_answer.is_some(), "{:?}", answered.steps[0]);
+    let (kept, none) = run(-1000.0, Some(-1000.0));
+    assert!(none.is_none() && !kept.steps[0].calls.is_empty(), "{none:?}");
 }
 
 /// A model driver that records what each decision returned and can refuse answers in the model's own

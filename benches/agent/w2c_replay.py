@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replays the first decision's call-or-answer settings offline on When2Call's development half.
 
-    python3 benches/agent/w2c_replay.py DEV.jsonl KEEP.jsonl [--bias B] [--at T] [--measure M]
+    python3 benches/agent/w2c_replay.py DEV.jsonl KEEP.jsonl [--bias B] [--at T] [--measure M] [--tool-at U ...]
 
 DEV: `../shared/when2call-dev/dev-150.jsonl`. KEEP: a `reagent eval --dry-run` run of the same items as
 task files (`benches/agent/w2c_tasks.py DEV > TASKS`), with every first decision made to call and every call's
@@ -9,7 +9,9 @@ support recorded: `--format react --max-thought-chars 0 --call-bias 100 --min-su
 --abstain-below 0`. Each line then has the raw call margin (the model's call-over-answer logit margin)
 and each value's scores with and without the request, so a call bias B and a support threshold T give,
 per item, the decision the run settings would have made: a call where margin + B > 0 and the call's
-support is at least T, else an answer in words. Batch invariance makes this exact.
+support is at least T, else an answer in words. Batch invariance makes this exact. With --tool-at U,
+a call whose tool name's support (`tool_support`, recorded in the same passes) is below U is answered
+too (`min_tool_support`).
 
 Scored as `score_w2c.py` does: a `tool_call` item is right when its target tool is called, the other two
 kinds when nothing is. Balanced = mean of the right-tool rate and the no-call rate. The tuning half is
@@ -87,6 +89,8 @@ def measures(rec, functions):
         m["non-default"] = least(sv) if sv else least(vals)
     else:
         m["required"] = m["required-share"] = None
+    tool = rec.get("tool_support")
+    m["tool"] = tool["with"] - tool["without"] if tool else None
     return m
 
 
@@ -118,15 +122,18 @@ def replay_rows(dev, keep):
     return rows
 
 
-def score(rows, bias, measure, t, which):
+def score(rows, bias, measure, t, which, tool_t=None):
     """Balanced, right tool and no-call counts of the `which` half ("all": both) at a call bias and a
-    support threshold `t` on `measure` (`None`: no support check)."""
+    support threshold `t` on `measure` (`None`: no support check), and a threshold `tool_t` on the
+    support of the call's tool name (`None`: none)."""
     tc = tc_n = nc = nc_n = 0
     for h, kind, target, called, margin, ms in rows:
         if which != "all" and h != which:
             continue
         call = called is not None and (margin is None or margin + bias > 0)
         if call and measure and t is not None and ms.get(measure) is not None and ms[measure] < t:
+            call = False
+        if call and tool_t is not None and ms.get("tool") is not None and ms["tool"] < tool_t:
             call = False
         if kind == "tool_call":
             tc_n += 1
@@ -144,15 +151,17 @@ def main():
     ap.add_argument("--bias", type=float)
     ap.add_argument("--at", type=float)
     ap.add_argument("--measure", default=None)
+    ap.add_argument("--tool-at", type=float, action="append",
+                    help="also drop a call whose tool name's support is below this (repeatable: one row each)")
     ap.add_argument("--as-run", action="store_true",
                     help="score KEEP's decisions as they were made (a run with the settings themselves)")
     a = ap.parse_args()
     rows = replay_rows(a.dev, a.keep)
 
-    def show(label, bias, measure, t):
+    def show(label, bias, measure, t, tool_t=None):
         parts = []
         for which in ("tune", "check", "all"):
-            b, tc, tcn, nc, ncn = score(rows, bias, measure, t, which)
+            b, tc, tcn, nc, ncn = score(rows, bias, measure, t, which, tool_t)
             parts.append(f"{which} {b:5.1f} ({tc}/{tcn}, {nc}/{ncn})")
         print(f"{label:38} " + "  ".join(parts))
 
@@ -168,6 +177,8 @@ def main():
             ts = [a.at] if a.at is not None else [-1.0, 0.0, 0.2, 0.4, 0.5, 0.6, 0.8, 1.0, 1.4, 2.0, 3.0]
             for t in ts:
                 show(f"bias {bias:+.2f}, {measure} >= {t}", bias, measure, t)
+                for tool_t in a.tool_at or []:
+                    show(f"  and tool >= {tool_t}", bias, measure, t, tool_t)
 
 
 if __name__ == "__main__":

@@ -319,6 +319,9 @@ impl AgentConfig {
         if let Some(n) = s.thought_chars {
             self.decision.max_thought_chars = n;
         }
+        if self.decision.parallel_calls.is_none() {
+            self.decision.parallel_calls = s.parallel_calls;
+        }
         self.think_budget = s.think_budget;
         self.native_branch = s.native_branch;
         Ok(())

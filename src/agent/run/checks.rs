@@ -56,21 +56,48 @@ pub(super) fn arithmetic_slips(
 /// The failed call (tool, error) whose error text an answer repeats: it contains the first 40 characters
 /// of the error, or of the error's message after any of its `: ` prefixes (`exited with exit status: 1:
 /// no weather station …`), where those are 12 or more; or it is 12 characters or more found in the
-/// error; compared without case and with runs of white space as one space.
+/// error; or it writes every word of such a message of 3 to 12 words in order, one word added or left out
+/// aside ("No weather station found for 'mom'"). Compared as words: without case, punctuation or quotes
+/// (a program quotes `"parent's city"` where the answer writes `'parent's city'`).
 pub(super) fn copied_failure<'f>(
     decision: &Decision,
     failures: &'f [(String, String)],
 ) -> Option<&'f (String, String)> {
     let Decision::FinalAnswer { answer, .. } = decision else { return None };
-    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
-    let answer = norm(answer);
+    let words = |s: &str| -> Vec<String> {
+        let plain: String = s.chars().map(|c| if c.is_alphanumeric() { c } else { ' ' }).collect();
+        plain.to_lowercase().split_whitespace().map(str::to_string).collect()
+    };
+    let answer_words = words(answer);
+    let answer = answer_words.join(" ");
     failures.iter().rev().find(|(_, error)| {
-        let error = norm(error);
         let tails = std::iter::once(0).chain(error.match_indices(": ").map(|(i, _)| i + 2));
-        let mut heads = tails.map(|i| error[i..].chars().take(40).collect::<String>());
-        heads.any(|head| head.chars().count() >= 12 && answer.contains(&head))
-            || (answer.chars().count() >= 12 && error.contains(&answer))
+        let messages: Vec<Vec<String>> = tails.map(|i| words(&error[i..])).collect();
+        let whole = messages[0].join(" ");
+        let copies_head = |m: &Vec<String>| {
+            let head: String = m.join(" ").chars().take(40).collect();
+            head.chars().count() >= 12 && answer.contains(&head)
+        };
+        let rewords = |m: &Vec<String>| {
+            (3..=12).contains(&m.len()) && common_words_in_order(&answer_words, m) + 1 >= m.len().max(4)
+        };
+        messages.iter().any(|m| copies_head(m) || rewords(m))
+            || (answer.chars().count() >= 12 && whole.contains(&answer))
     })
+}
+
+/// The length of the longest sequence of words found in order in both `a` and `b`.
+fn common_words_in_order(a: &[String], b: &[String]) -> usize {
+    let mut row = vec![0usize; b.len() + 1];
+    for x in a {
+        let mut diagonal = 0;
+        for (j, y) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if x == y { diagonal + 1 } else { row[j + 1].max(row[j]) };
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// Whether an answer only writes the request back (its words, case and punctuation aside): a small
@@ -108,6 +135,12 @@ mod tests {
         // Not the error: an answer about the same thing in other words, or too short to tell.
         assert_eq!(copied("It is -5 °C in Ottawa."), None);
         assert_eq!(copied("Canada"), None);
+        assert_eq!(copied("There is no station in Canada."), None);
+        // Reworded by a word, or quoted otherwise than the program quoted it.
+        assert_eq!(copied("Error: No weather station found for 'Canada'"), Some("get_weather"));
+        let failures = vec![("get_weather".to_string(), "no weather station for \"parent's city\"".to_string())];
+        let copied = |a: &str| copied_failure(&answer(a), &failures).map(|(tool, _)| tool.as_str());
+        assert_eq!(copied("Error: no weather station for 'parent's city'"), Some("get_weather"));
     }
 
     #[test]

@@ -311,6 +311,22 @@ mod tests {
     }
 
     #[test]
+    fn a_calls_tool_name_is_scored_apart_from_its_values() {
+        let (t, text) = tokens(
+            r#"{"tool": "|search|_files|", "args": {"text": "|play| some| jazz|"}}"#,
+            &[0.0, -2.5, -0.25, 0.0, 9.0, 6.0, 6.0, 0.0],
+        );
+        let call = ToolCall::new("search_files", json!({"text": "play some jazz"}));
+        // The values copied from the request are well supported; the tool is not.
+        assert_eq!(support(&t, &text, &call), Some(21.0));
+        let tool = tool_score(&t, &text, &call).unwrap();
+        assert_eq!((tool.value.as_str(), tool.with - tool.without), ("search_files", -2.75));
+        // Not found in the text, or tokens that do not spell it: nothing is said.
+        assert!(tool_score(&t, &text, &ToolCall::new("read_file", json!({}))).is_none());
+        assert!(tool_score(&t[1..], &text, &call).is_none());
+    }
+
+    #[test]
     fn tokens_that_are_not_the_text_say_nothing() {
         let (t, _) = tokens(r#"{"tool": "|current|_time|"}"#, &[0.0, 1.0, 0.0, 0.0]);
         assert_eq!(support(&t, "other", &ToolCall::new("current_time", json!({}))), None);
