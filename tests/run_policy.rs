@@ -322,6 +322,42 @@ fn an_answer_written_after_a_reply_with_a_wrong_sum_is_checked_too() {
     assert!(slip, "the wrong sum is sent back naming the right one");
 }
 
+/// A wrong sum is sent back as a call of the tool that computes it (the calculator: the tool that says
+/// the equation needs it), not any call: left to any, a small model reads the file again.
+#[test]
+fn a_wrong_sum_is_sent_back_to_the_calculator() {
+    let dir = folder();
+    std::fs::write(dir.path().join("numbers.txt"), "12\n7\n30\n41\n").unwrap();
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
+    let script = vec![
+        call("read_file", json!({"path": "numbers.txt"})),
+        answer("12 + 7 + 30 + 41 = 120"),
+        // Not the calculator: no valid decision after the slip.
+        call("read_file", json!({"path": "numbers.txt"})),
+        call("calculator", json!({"expression": "12 + 7 + 30 + 41"})),
+        answer("The sum is 90."),
+    ];
+    let mut agent = Agent::builder()
+        .driver(ScriptedDriver::new(script))
+        .tools(tools)
+        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
+        .build()
+        .unwrap();
+    let t = agent.run("What is the sum of the numbers in numbers.txt?").unwrap();
+    assert_eq!(t.final_answer.as_deref(), Some("The sum is 90."), "{:?}", t.steps);
+    let tools: Vec<&str> = t.steps.iter().flat_map(|s| &s.calls).map(|c| c.call.tool.as_str()).collect();
+    assert_eq!(tools, ["read_file", "calculator"]);
+    assert_eq!(t.steps[1].retries, 2, "the slip and the other call were sent back");
+    let refused = events
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| matches!(e, AgentEvent::ValidationFailed { decision, .. } if decision["tool"] == "read_file"));
+    assert!(refused, "the file read again is no valid decision after the slip");
+}
+
 #[test]
 fn a_call_with_derived_values_is_kept() {
     let weather = ToolSpec::new(
@@ -420,6 +456,15 @@ fn the_library_applies_the_catalogs_settings() {
     let larger = Catalog::builtin().get("qwen2.5-coder-1.5b").cloned();
     let react = AgentConfig::for_model(larger.as_ref(), Profile::Run, false).unwrap();
     assert_eq!((react.branch_biases.call, react.min_support), (-3.0, Some(1.5)));
+    // Up to 3 calls a decision in the 0.5B's runs, where the caller set no number; one in its single
+    // decisions' default and in the 1.5B's runs.
+    assert_eq!(run.config().decision.parallel_calls, Some(3));
+    let mut config = AgentConfig::default();
+    config.decision.parallel_calls = Some(1);
+    config.apply_settings(entry.as_ref().unwrap().settings(Profile::Run), true).unwrap();
+    assert_eq!(config.decision.parallel_calls, Some(1), "the caller's number is kept");
+    assert_eq!(react.decision.parallel_calls, None);
+    assert_eq!(native.decision.parallel_calls, None);
 
     let single = build(Some(Profile::SingleDecision));
     assert_eq!(single.config().format, DecisionFormat::Native);

@@ -81,7 +81,7 @@ pub(crate) struct ServeArgs {
     /// Make tool calls with the single-decision settings (BFCL-shaped requests) instead of a run's.
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) single_decision: bool,
-    /// Calls one decision may make when a request allows parallel calls (default: the catalog's).
+    /// Calls one decision may make when a request allows parallel calls (default: one).
     #[arg(long, help_heading = ADVANCED)]
     pub(crate) parallel_calls: Option<usize>,
     /// Neither load tool-call prompts' KV from the prompt cache nor save it there

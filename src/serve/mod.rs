@@ -41,7 +41,7 @@ pub struct ServeOptions {
     pub profile: Profile,
     /// The model's name in responses and `/v1/models`.
     pub model_name: String,
-    /// Calls one decision may make where a request allows parallel calls (`None`: the catalog's setting).
+    /// Calls one decision may make where a request allows parallel calls (`None`: one).
     pub parallel_calls: Option<usize>,
     /// Tokens of thinking before each tool decision, for models whose template thinks (`None`: the
     /// catalog's setting).

@@ -216,11 +216,12 @@ impl Worker {
         if let Some(n) = self.think_budget {
             config.think_budget = n;
         }
-        match (req.parallel_tool_calls, self.parallel_calls) {
-            (false, _) => config.decision.parallel_calls = None,
-            (true, Some(n)) => config.decision.parallel_calls = Some(n),
-            (true, None) => {}
-        }
+        // One call a decision unless the server was started with more: the catalog's number for runs
+        // (the 0.5B's 3) was chosen on agent runs, not measured on requests a client decides about.
+        config.decision.parallel_calls = match (req.parallel_tool_calls, self.parallel_calls) {
+            (true, Some(n)) => Some(n),
+            _ => None,
+        };
         let stubs: Vec<Arc<dyn Tool>> = req
             .tools
             .iter()

@@ -34,13 +34,16 @@ impl Agent {
         let (mut after_slip, mut call_instead, mut too_early) = (false, false, false);
         // The grammar of the calls the pending need names, built the first time an answer comes too early.
         let mut needed: Option<StepGrammar> = None;
+        // After a slip, the calls a tool says the wrong equation needs (the calculator), where one does.
+        let mut computes: Option<StepGrammar> = None;
         for attempt in 0..=self.config.max_retries {
             let retry_after_slip = after_slip;
             self.emit(AgentEvent::StepStarted { step, attempt });
             // The failed output is not kept; the retry sees the conversation plus what was wrong.
-            let step_grammar = match (&needed, checks.call_only) {
-                (Some(g), _) if too_early => g,
-                (_, Some(g)) if after_slip || call_instead => g,
+            let step_grammar = match (&needed, &computes, checks.call_only) {
+                (Some(g), _, _) if too_early => g,
+                (_, Some(g), Some(_)) if after_slip => g,
+                (_, _, Some(g)) if after_slip || call_instead => g,
                 _ => schema,
             };
             let mut request_messages = messages.to_vec();
@@ -142,6 +145,11 @@ impl Agent {
                 Err(e) => Err(e),
             };
             after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
+            if after_slip {
+                // Left to any call, a small model makes the call it made before (the file read again).
+                let slip = checks.slips.as_deref().and_then(|flagged| flagged.last());
+                computes = slip.and_then(|expression| self.grammar_for(expression));
+            }
             call_instead = matches!(checked, Err(Failure::CallInstead(..)));
             let error = match checked {
                 Ok(decision) => {

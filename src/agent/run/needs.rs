@@ -68,6 +68,14 @@ impl Agent {
         self.checked_grammar(&need.calls, &ToolChoice::Required)
     }
 
+    /// The grammar of the calls a tool says `text` needs ([`Tool::needed_for`](crate::tools::Tool::needed_for)
+    /// with nothing done: the calculator for `12 + 7 + 30 + 41`), the first such need's; `None` where no
+    /// tool needs it.
+    pub(super) fn grammar_for(&self, text: &str) -> Option<StepGrammar> {
+        let need = self.needs(text, &[]).into_iter().find(|n| !n.calls.is_empty())?;
+        self.need_grammar(&need)
+    }
+
     /// A step's grammar over `specs`, where it builds and the driver compiles it.
     fn checked_grammar(&self, specs: &[ToolSpec], choice: &ToolChoice) -> Option<StepGrammar> {
         let g = StepGrammar::new(specs, choice, &self.config, &self.syntax).ok()?;
