@@ -487,6 +487,8 @@ mod tests {
         assert_eq!(calculate("169 ** 0.5").unwrap(), json!(13));
         assert_eq!(calculate("sqrt(169) + 1").unwrap(), json!(14));
         assert_eq!(calculate("√(2 * 8)").unwrap(), json!(4));
+        assert_eq!(calculate("√169").unwrap(), json!(13));
+        assert_eq!(calculate("2 * √ 9").unwrap(), json!(6));
         assert!(calculate("sqr(4)").is_err());
         assert!(calculate("sqrt").is_err());
     }

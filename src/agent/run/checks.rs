@@ -56,8 +56,8 @@ pub(super) fn arithmetic_slips(
 /// The failed call (tool, error) whose error text an answer repeats: it contains the first 40 characters
 /// of the error, or of the error's message after any of its `: ` prefixes (`exited with exit status: 1:
 /// no weather station …`), where those are 12 or more; or it is 12 characters or more found in the
-/// error; or it writes every word of such a message of 3 to 12 words in order, one word added or left out
-/// aside ("No weather station found for 'mom'"). Compared as words: without case, punctuation or quotes
+/// error; or it writes every word of such a message of 5 to 12 words in order within a stretch one word
+/// longer ("No weather station found for 'mom'"). Compared as words: without case, punctuation or quotes
 /// (a program quotes `"parent's city"` where the answer writes `'parent's city'`).
 pub(super) fn copied_failure<'f>(
     decision: &Decision,
@@ -78,8 +78,13 @@ pub(super) fn copied_failure<'f>(
             let head: String = m.join(" ").chars().take(40).collect();
             head.chars().count() >= 12 && answer.contains(&head)
         };
+        // Every word of the message, in order, within a stretch of the answer one word longer.
         let rewords = |m: &Vec<String>| {
-            (3..=12).contains(&m.len()) && common_words_in_order(&answer_words, m) + 1 >= m.len().max(4)
+            (5..=12).contains(&m.len())
+                && (0..answer_words.len()).any(|i| {
+                    let stretch = &answer_words[i..answer_words.len().min(i + m.len() + 1)];
+                    common_words_in_order(stretch, m) == m.len()
+                })
         };
         messages.iter().any(|m| copies_head(m) || rewords(m))
             || (answer.chars().count() >= 12 && whole.contains(&answer))
@@ -141,6 +146,16 @@ mod tests {
         let failures = vec![("get_weather".to_string(), "no weather station for \"parent's city\"".to_string())];
         let copied = |a: &str| copied_failure(&answer(a), &failures).map(|(tool, _)| tool.as_str());
         assert_eq!(copied("Error: no weather station for 'parent's city'"), Some("get_weather"));
+        // Not a rewording: the message's words far apart, one of them left out, or a short listing.
+        let failures = vec![
+            ("mcp".to_string(), "call failed: the server is not running".to_string()),
+            ("read_file".to_string(), "`notes` is a directory; its entries: a.txt, b.txt".to_string()),
+        ];
+        let copied = |a: &str| copied_failure(&answer(a), &failures).map(|(tool, _)| tool.as_str());
+        assert_eq!(copied("The server is running."), None);
+        assert_eq!(copied("notes has a.txt and b.txt"), None);
+        assert_eq!(copied("The server, as far as I know, is not running at all"), None);
+        assert_eq!(copied("Sorry: the server is not running now."), Some("mcp"));
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub(crate) fn calculate(expr: &str) -> std::result::Result<Value, ToolError> {
         return Err(ToolError("expression too long".into()));
     }
     // Spellings models write for a power and a square root (Python's `**`, `sqrt(169)`, `√169`).
-    let expr = expr.replace("**", "^").replace('√', "sqrt");
+    let expr = expr.replace("**", "^").replace('√', "sqrt ");
     let ok = |c: char| c.is_ascii_digit() || c.is_whitespace() || "+-*/%^().eE".contains(c);
     if let Some(bad) = expr.replace("sqrt", "").chars().find(|&c| !ok(c)) {
         return Err(ToolError(format!("only numbers and + - * / % ^ ( ) sqrt are allowed, found `{bad}`")));
