@@ -217,7 +217,7 @@ fn the_similar_name_fallback_skips_hidden_files() {
 fn an_answer_is_never_a_tools_error() {
     let dir = folder();
     let config = AgentConfig::default().first_call(FirstCall::Never).retry_failed_tool(false);
-    let calc_error = "only numbers and + - * / % ^ ( ) are allowed, found `=`";
+    let calc_error = "only numbers and + - * / % ^ ( ) sqrt are allowed, found `=`";
     let script = vec![
         call("calculator", json!({"expression": "2 + 2 = 4"})),
         answer(&format!("Error: {calc_error}")),
