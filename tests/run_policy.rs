@@ -272,8 +272,6 @@ fn an_answer_that_repeats_the_request_after_a_failure_is_no_answer() {
     assert_eq!(t.final_answer.as_deref(), Some(task));
 }
 
-/// Abstention by grounding turns a first call made of values the user never wrote into an answer, unless
-/// the user named the tool: a value derived from the request (the capital of Japan) is kept.
 /// After calls, a reply in the model's own words with a wrong sum is not the answer, and neither is the
 /// answer written instead with another wrong sum: it is sent back as a call, and once the calculator
 /// has given the sum the next decision answers.
@@ -328,9 +326,6 @@ fn an_answer_written_after_a_reply_with_a_wrong_sum_is_checked_too() {
 fn a_wrong_sum_is_sent_back_to_the_calculator() {
     let dir = folder();
     std::fs::write(dir.path().join("numbers.txt"), "12\n7\n30\n41\n").unwrap();
-    let events: Events = Arc::default();
-    let sink = events.clone();
-    let tools = builtin_tools(&BuiltinOptions::default().root(dir.path().to_path_buf())).unwrap();
     let script = vec![
         call("read_file", json!({"path": "numbers.txt"})),
         answer("12 + 7 + 30 + 41 = 120"),
@@ -339,13 +334,7 @@ fn a_wrong_sum_is_sent_back_to_the_calculator() {
         call("calculator", json!({"expression": "12 + 7 + 30 + 41"})),
         answer("The sum is 90."),
     ];
-    let mut agent = Agent::builder()
-        .driver(ScriptedDriver::new(script))
-        .tools(tools)
-        .events(move |e: &AgentEvent| sink.lock().unwrap().push(e.clone()))
-        .build()
-        .unwrap();
-    let t = agent.run("What is the sum of the numbers in numbers.txt?").unwrap();
+    let (t, events) = run_in(dir.path(), script, None, "What is the sum of the numbers in numbers.txt?");
     assert_eq!(t.final_answer.as_deref(), Some("The sum is 90."), "{:?}", t.steps);
     let tools: Vec<&str> = t.steps.iter().flat_map(|s| &s.calls).map(|c| c.call.tool.as_str()).collect();
     assert_eq!(tools, ["read_file", "calculator"]);
@@ -358,6 +347,8 @@ fn a_wrong_sum_is_sent_back_to_the_calculator() {
     assert!(refused, "the file read again is no valid decision after the slip");
 }
 
+/// Abstention by grounding turns a first call made of values the user never wrote into an answer, unless
+/// the user named the tool: a value derived from the request (the capital of Japan) is kept.
 #[test]
 fn a_call_with_derived_values_is_kept() {
     let weather = ToolSpec::new(

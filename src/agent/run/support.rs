@@ -44,7 +44,7 @@ pub(super) fn dropped_by(
         .or_else(|| below(tool_support, config.min_tool_support).map(|(m, t)| (m, t, DropMeasure::ToolSupport)))
 }
 
-/// A first call's scores: each stated value's ([`value_scores`]) and its tool name's.
+/// A first call's scores: each stated value's and its tool name's ([`call_scores`]).
 #[derive(Debug, Default)]
 pub(super) struct CallScores {
     pub(super) values: Vec<ValueScore>,
@@ -75,16 +75,31 @@ pub(crate) fn support_of(values: &[ValueScore]) -> Option<f32> {
 /// Each value of `call` in `text` scored from the tokens' log-probabilities with and without the
 /// request, but those of optional arguments given their default in `parameters` (the tool's schema):
 /// the tool's name for a call without other values; none when the call is not found in the text.
+#[cfg(test)]
 pub(crate) fn value_scores(
     tokens: &[(String, f32, f32)],
     text: &str,
     call: &ToolCall,
     parameters: Option<&serde_json::Value>,
 ) -> Vec<ValueScore> {
-    let Some(spans) = Spans::new(tokens, text) else { return Vec::new() };
-    let span = |value: &str, from: usize, to: usize| spans.score(value, from, to);
-    let Some(name) = tool_name_at(text, call) else { return Vec::new() };
+    call_scores(tokens, text, call, parameters).values
+}
+
+/// `call`'s scores in `text` from the tokens' log-probabilities with and without the request: each
+/// stated value's (those of optional arguments given their default in `parameters`, the tool's schema,
+/// left out; the tool's name for a call without other values) and its tool name's; none when the call is
+/// not found in the text.
+pub(crate) fn call_scores(
+    tokens: &[(String, f32, f32)],
+    text: &str,
+    call: &ToolCall,
+    parameters: Option<&serde_json::Value>,
+) -> CallScores {
+    let (Some(spans), Some(name)) = (Spans::new(tokens, text), tool_name_at(text, call)) else {
+        return CallScores::default();
+    };
     let at = name + call.tool.len();
+    let tool = spans.score(&call.tool, name, at);
     let mut values = Vec::new();
     match &call.args {
         serde_json::Value::Object(args) => {
@@ -94,7 +109,7 @@ pub(crate) fn value_scores(
         other => leaves(other, &mut values),
     }
     if values.is_empty() {
-        return span(&call.tool, name, at).into_iter().collect();
+        return CallScores { values: tool.clone().into_iter().collect(), tool };
     }
     let mut scores = Vec::new();
     for v in values {
@@ -104,16 +119,9 @@ pub(crate) fn value_scores(
             Err(_) => 0..v.len(),
         };
         let Some(i) = value_at(text, at, &v) else { continue };
-        scores.extend(span(&v, i + inner.start, i + inner.end));
+        scores.extend(spans.score(&v, i + inner.start, i + inner.end));
     }
-    scores
-}
-
-/// The score of `call`'s tool name in `text`, as [`value_scores`] scores values; `None` where the call
-/// is not found.
-pub(crate) fn tool_score(tokens: &[(String, f32, f32)], text: &str, call: &ToolCall) -> Option<ValueScore> {
-    let name = tool_name_at(text, call)?;
-    Spans::new(tokens, text)?.score(&call.tool, name, name + call.tool.len())
+    CallScores { values: scores, tool }
 }
 
 /// Where `call`'s tool name starts in `text` (inside its quotes).
@@ -222,10 +230,7 @@ impl Agent {
             eprintln!("[support] {}", shown.join(" "));
         }
         let tool = self.executor.tools().get(&call.tool);
-        Ok(CallScores {
-            values: value_scores(&tokens, text, &call, tool.map(|t| &t.spec().parameters)),
-            tool: tool_score(&tokens, text, &call),
-        })
+        Ok(call_scores(&tokens, text, &call, tool.map(|t| &t.spec().parameters)))
     }
 }
 
@@ -319,11 +324,11 @@ mod tests {
         let call = ToolCall::new("search_files", json!({"text": "play some jazz"}));
         // The values copied from the request are well supported; the tool is not.
         assert_eq!(support(&t, &text, &call), Some(21.0));
-        let tool = tool_score(&t, &text, &call).unwrap();
+        let tool = call_scores(&t, &text, &call, None).tool.unwrap();
         assert_eq!((tool.value.as_str(), tool.with - tool.without), ("search_files", -2.75));
         // Not found in the text, or tokens that do not spell it: nothing is said.
-        assert!(tool_score(&t, &text, &ToolCall::new("read_file", json!({}))).is_none());
-        assert!(tool_score(&t[1..], &text, &call).is_none());
+        assert!(call_scores(&t, &text, &ToolCall::new("read_file", json!({})), None).tool.is_none());
+        assert!(call_scores(&t[1..], &text, &call, None).tool.is_none());
     }
 
     #[test]
