@@ -270,7 +270,17 @@ fn templates_render_as_pythons_jinja_does() {
 /// call score plus `bias` (decisions in `format`).
 fn native_branch_agent(bias: f32, format: DecisionFormat) -> Agent {
     let model = tiny_with("qwen", QWEN);
-    let config = AgentConfig::default()
+    Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(sum_tool())
+        .config(native_branch_config(bias, format))
+        .build()
+        .unwrap()
+}
+
+/// The configuration of [`native_branch_agent`].
+fn native_branch_config(bias: f32, format: DecisionFormat) -> AgentConfig {
+    AgentConfig::default()
         .native_branch(true)
         .format(format)
         .system_prompt(Some("You are a helpful assistant.".into()))
@@ -278,15 +288,14 @@ fn native_branch_agent(bias: f32, format: DecisionFormat) -> Agent {
         .answer_tokens(8)
         .max_steps(1)
         .decision(reagent::DecisionOptions::default().max_thought_chars(8).max_string_chars(8))
-        .max_decision_tokens(200);
-    Agent::builder()
-        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
-        .tool(FnTool::new(ToolSpec::new("sum", "adds", json!({"type": "object", "properties": {}})).unwrap(), |_| {
-            Ok(json!("sum: 4"))
-        }))
-        .config(config)
-        .build()
-        .unwrap()
+        .max_decision_tokens(200)
+}
+
+/// The one tool of [`native_branch_agent`].
+fn sum_tool() -> impl reagent::Tool {
+    FnTool::new(ToolSpec::new("sum", "adds", json!({"type": "object", "properties": {}})).unwrap(), |_| {
+        Ok(json!("sum: 4"))
+    })
 }
 
 #[test]
@@ -314,4 +323,28 @@ fn the_native_call_score_chooses_between_calling_and_answering() {
     let native = native_branch_agent(0.0, DecisionFormat::Native).run("hello").unwrap();
     let margin = native.steps[0].stats.branch_margins.iter().find(|m| m.label == "call").map(|m| m.margin);
     assert_eq!(margin, Some(margins[0]));
+}
+
+#[test]
+fn a_call_the_native_score_chose_and_the_support_dropped_is_answered_in_the_models_own_words() {
+    // The score chooses the call; no call is supported enough to stand. The agent is built as
+    // `native_branch_agent`'s, with a sink for the reply in the model's own words.
+    let model = tiny_with("qwen", QWEN);
+    let config = native_branch_config(1000.0, DecisionFormat::React).min_support(Some(1000.0));
+    let replies = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = replies.clone();
+    let mut agent = Agent::builder()
+        .driver(ModelDriver::constrained(model, Sampling::Greedy, 0).unwrap())
+        .tool(sum_tool())
+        .config(config)
+        .answer_text(move |t| sink.lock().unwrap().push_str(t))
+        .build()
+        .unwrap();
+    let t = agent.run("hello").unwrap();
+    let step = &t.steps[0];
+    assert!(step.support.is_some_and(|s| s < 1000.0), "the call was scored: {step:?}");
+    assert!(matches!(step.decision, reagent::Decision::FinalAnswer { .. }), "{step:?}");
+    // The reply was asked for (the tiny model's is cut off without a full sentence, so the decision's
+    // answer then stands).
+    assert!(!replies.lock().unwrap().is_empty(), "the model's own reply was not asked for");
 }

@@ -356,6 +356,31 @@ fn the_call_bias_applies_to_a_remote_decision_from_the_servers_log_probabilities
     assert_eq!(b.len(), 5);
 }
 
+/// A call bias calibrated on the model's native call score (`native_branch`) is not a ReAct margin's: a
+/// remote decision, which that score cannot choose, is the server's own choice, asked for without
+/// log-probabilities (before, the bias was applied to the ReAct `type` and turned the call).
+#[test]
+fn a_native_call_score_bias_leaves_a_remote_decision_to_the_server() {
+    let (url, requests) = common::fake_server(vec![
+        (200, with_logprobs(("call", -0.02), LISTED, CALL_REST)),
+        (200, reply(r#"{"thought":"","type":"final_answer","answer":"5"}"#)),
+    ]);
+    let remote = RemoteDriver::new(&url, "m", RemoteConstraint::JsonSchema, Duration::from_secs(10))
+        .unwrap()
+        .retries(0, Duration::from_millis(1));
+    let mut config = AgentConfig::default();
+    config.branch_biases.call = -5.0;
+    config.native_branch = true;
+    config.own_words_after_calls = false;
+    let mut agent = reagent::agent::Agent::builder().driver(remote).tool(calc()).config(config).build().unwrap();
+    let t = agent.run("What is 2+3?").unwrap();
+    assert_eq!(t.steps[0].decision.calls().len(), 1, "{:?}", t.steps[0].decision);
+    assert_eq!(t.final_answer.as_deref(), Some("5"));
+    let b = bodies(&requests);
+    assert!(b.iter().all(|b| b.get("logprobs").is_none()), "{b:?}");
+    assert_eq!(b.len(), 2);
+}
+
 /// Where the other side is not among the alternatives, the least of them bounds it: a choice the bound
 /// settles costs no request; otherwise the narrowed decision is asked for, and its own log-probability
 /// gives the margin (here 6.98: the call stands at bias -6.5 after the measure, and the narrowed

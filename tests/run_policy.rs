@@ -441,12 +441,15 @@ fn the_library_applies_the_catalogs_settings() {
     );
     let fallen = AgentConfig::for_model(entry.as_ref(), Profile::SingleDecision, false).unwrap();
     assert_eq!((fallen.format, fallen.branch_biases), (DecisionFormat::React, Default::default()));
-    // The run settings are ReAct's own: kept either way (the 0.5B's run has no call bias; the 1.5B's has).
+    // The run settings are ReAct's own: kept either way. The 0.5B's first choice is its native call
+    // score's, whose bias is 3.75 (not applied to a ReAct decision: tests/remote.rs); the 1.5B's is the
+    // ReAct `type`'s, with its own bias.
     let react = AgentConfig::for_model(entry.as_ref(), Profile::Run, false).unwrap();
-    assert_eq!((react.branch_biases.call, react.min_support), (0.0, Some(0.8)));
+    assert_eq!((react.native_branch, react.branch_biases.call, react.min_support), (true, 3.75, Some(0.8)));
+    assert!(!native.native_branch, "single decisions are chosen in the decision itself");
     let larger = Catalog::builtin().get("qwen2.5-coder-1.5b").cloned();
     let react = AgentConfig::for_model(larger.as_ref(), Profile::Run, false).unwrap();
-    assert_eq!((react.branch_biases.call, react.min_support), (-3.0, Some(1.5)));
+    assert_eq!((react.native_branch, react.branch_biases.call, react.min_support), (false, -3.0, Some(1.5)));
     // Up to 3 calls a decision in the 0.5B's runs, where the caller set no number; one in its single
     // decisions' default and in the 1.5B's runs.
     assert_eq!(run.config().decision.parallel_calls, Some(3));

@@ -372,8 +372,9 @@ impl Agent {
             answer_pending,
             mut corrects_arithmetic,
         } = decided;
-        // Not asked again where the call score chose the answer and the model's own reply failed.
-        if matches!(decision, Decision::FinalAnswer { .. }) && branch.is_none() {
+        // Not asked again where the call score chose the answer and the model's own reply failed (where it
+        // chose a call that was then dropped, the reply is asked for the first time).
+        if matches!(decision, Decision::FinalAnswer { .. }) && branch.as_ref().is_none_or(|b| b.call) {
             match self.own_words(run, &mut stats)? {
                 // The conversation keeps the answer given.
                 Some(own) => {

@@ -222,6 +222,10 @@ impl Worker {
             (true, Some(n)) => Some(n),
             _ => None,
         };
+        // The choice between calling and answering is the decision's own: the native call score
+        // (`native_branch`) was chosen on agent runs, and scoring a client's long tool lists again in the
+        // model's own syntax would double their prefill (not measured on When2Call yet).
+        config.native_branch = false;
         let stubs: Vec<Arc<dyn Tool>> = req
             .tools
             .iter()

@@ -54,9 +54,14 @@ impl Agent {
                 return Ok(Attempt::Stop(stop));
             }
             // A ReAct decision's call bias is the first decision's choice between calling and answering
-            // (calibrated on requests a person makes); later, after observations, the model chooses.
+            // (calibrated on requests a person makes); later, after observations, the model chooses. Where
+            // the choice is the native call score's ([`AgentConfig::native_branch`]), the bias is that
+            // score's: a ReAct decision it did not choose (a driver that cannot score, a conversation with
+            // calls in it) is the model's own choice.
+            //
+            // [`AgentConfig::native_branch`]: crate::agent::AgentConfig::native_branch
             let mut biases = self.config.branch_biases;
-            if self.config.format == DecisionFormat::React && step > 1 {
+            if self.config.format == DecisionFormat::React && (step > 1 || self.config.native_branch) {
                 biases.call = 0.0;
             }
             let req = DecisionRequest {
