@@ -428,6 +428,49 @@ unsafe fn rows_tokens_into(
         return;
     }
     let _ = packed;
+    // The 256-bit tiers' 32-element types: each row once for up to four tokens, each block unpacked once
+    // for them all, every token's sums in its own mat-vec's order.
+    #[cfg(target_arch = "x86_64")]
+    if matches!(tier, Tier::Avx2 | Tier::AvxVnni) && t.block_elems() == QK {
+        use avx2::*;
+        let vnni = tier == Tier::AvxVnni;
+        macro_rules! group {
+            ($code:expr, $c:literal, $at:expr, $row:expr, $r:expr) => {{
+                let xg: [&[Q8Block]; $c] = std::array::from_fn(|i| &x[($at + i) * blocks..][..blocks]);
+                let out = match vnni {
+                    true => row_tokens_vnni::<{ $code }, $c>($row, &xg),
+                    false => row_tokens::<{ $code }, $c>($row, &xg),
+                };
+                for (i, v) in out.into_iter().enumerate() {
+                    *y.add(($at + i) * n + $r) = v;
+                }
+            }};
+        }
+        macro_rules! rows_of {
+            ($code:expr) => {{
+                for r in rows.clone() {
+                    let row = w.as_ptr().add(r * row_bytes);
+                    let mut c = 0;
+                    while c < m {
+                        match m - c {
+                            1 => group!($code, 1, c, row, r),
+                            2 => group!($code, 2, c, row, r),
+                            3 => group!($code, 3, c, row, r),
+                            _ => group!($code, 4, c, row, r),
+                        }
+                        c += (m - c).min(4);
+                    }
+                }
+            }};
+        }
+        match code(t) {
+            Q4_0 => rows_of!(Q4_0),
+            Q4_1 => rows_of!(Q4_1),
+            Q5_0 => rows_of!(Q5_0),
+            _ => rows_of!(Q8_0),
+        }
+        return;
+    }
     // The 256-bit tiers' K-quants: each row once for up to four tokens, each super-block unpacked once
     // for them all, every token reduced as its own mat-vec reduces it.
     #[cfg(target_arch = "x86_64")]

@@ -129,27 +129,46 @@ unsafe fn dot_us<const V: u8>(u: __m256i, s: __m256i) -> __m256i {
 /// accumulator, and each block then waited for the previous block's sum.
 #[inline(always)]
 unsafe fn block<const T: u8, const V: u8>(b: *const u8, qx: __m256i) -> (__m256i, __m256, f32) {
+    let (u, w, d, c) = unpack::<T>(b);
+    (product::<T, V>(u, w, qx), d, c)
+}
+
+/// A block's weights as [`block`] takes them: as unsigned bytes, the signed weights themselves (Q8_0,
+/// whose signs move onto the activations; zero for the others), the scale register and the correction.
+/// Apart from [`product`], so that a short batch unpacks a block once for all its tokens.
+#[inline(always)]
+unsafe fn unpack<const T: u8>(b: *const u8) -> (__m256i, __m256i, __m256, f32) {
+    let none = _mm256_setzero_si256();
     match T {
         Q4_0 => {
             let d = f16x8(b);
-            (dot_us::<V>(nibbles(b.add(2)), qx), d, -8.0 * _mm256_cvtss_f32(d))
+            (nibbles(b.add(2)), none, d, -8.0 * _mm256_cvtss_f32(d))
         }
         Q4_1 => {
             let dm = f16_pair(b);
-            (dot_us::<V>(nibbles(b.add(4)), qx), _mm256_broadcastss_ps(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
+            (nibbles(b.add(4)), none, _mm256_broadcastss_ps(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
         }
         Q5_0 => {
             let d = f16x8(b);
             let qh = std::ptr::read_unaligned(b.add(2) as *const u32);
-            (dot_us::<V>(_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), qx), d, -16.0 * _mm256_cvtss_f32(d))
+            (_mm256_or_si256(nibbles(b.add(6)), fifth_bits(qh)), none, d, -16.0 * _mm256_cvtss_f32(d))
         }
         _ => {
             // Signed weights: their sign moves onto the activations (`|w| · ±qx`). Measured faster than
             // offsetting them to unsigned (xor 0x80), which maddubs could not take anyway (255 × 127
             // pairs overflow i16).
             let w = _mm256_loadu_si256(b.add(2) as *const __m256i);
-            (dot_us::<V>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(qx, w)), f16x8(b), 0.0)
+            (_mm256_sign_epi8(w, w), w, f16x8(b), 0.0)
         }
+    }
+}
+
+/// `Σ u·qx` of a block [`unpack`]ed as `(u, w)`, as 8 × i32.
+#[inline(always)]
+unsafe fn product<const T: u8, const V: u8>(u: __m256i, w: __m256i, qx: __m256i) -> __m256i {
+    match T {
+        Q8_0 => dot_us::<V>(u, _mm256_sign_epi8(qx, w)),
+        _ => dot_us::<V>(u, qx),
     }
 }
 
@@ -424,6 +443,48 @@ pub(super) unsafe fn row_tokens_k<const T: u8, const C: usize>(
     bsums: &[&[[i16; 16]]; C],
 ) -> [f32; C] {
     row_tokens_k_impl::<T, C>(row, xs, bsums)
+}
+
+/// One weight row of a 32-element type (Q4_0, Q4_1, Q5_0, Q8_0) dotted with `C` tokens (a short batch),
+/// each block unpacked once for all of them. Every token's sums go through [`rows_dot_impl`]'s operations
+/// for that row, in its order, so each result is bit for bit the token's own mat-vec.
+#[inline(always)]
+unsafe fn row_tokens_impl<const T: u8, const V: u8, const C: usize>(row: *const u8, xs: &[&[Q8Block]; C]) -> [f32; C] {
+    let bb = block_bytes(T);
+    let mut acc = [_mm256_setzero_ps(); C];
+    let mut mins = [0f32; C];
+    for i in 0..xs[0].len() {
+        let b = row.add(i * bb);
+        prefetch_next_rows::<1>(b, bb, 1);
+        let (u, w, d, c) = unpack::<T>(b);
+        for k in 0..C {
+            let xb = &xs[k][i];
+            let qx = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+            let p = product::<T, V>(u, w, qx);
+            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[k]);
+            if T != Q8_0 {
+                let sx = xb.d * xb.sum as f32;
+                mins[k] += c * sx;
+            }
+        }
+    }
+    let mut out = [0f32; C];
+    for k in 0..C {
+        out[k] = hsum(acc[k]) + mins[k];
+    }
+    out
+}
+
+/// [`row_tokens_impl`] with AVX2's byte products.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn row_tokens<const T: u8, const C: usize>(row: *const u8, xs: &[&[Q8Block]; C]) -> [f32; C] {
+    row_tokens_impl::<T, MADDUBS, C>(row, xs)
+}
+
+/// [`row_tokens_impl`] with AVX-VNNI's byte products.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn row_tokens_vnni<const T: u8, const C: usize>(row: *const u8, xs: &[&[Q8Block]; C]) -> [f32; C] {
+    row_tokens_impl::<T, AVX_VNNI, C>(row, xs)
 }
 
 /// `pshufb` indices that broadcast 16-bit lane `k` of a 128-bit lane to all 8 of its lanes.
