@@ -449,11 +449,14 @@ pub(super) unsafe fn row_tokens_k<const T: u8, const C: usize>(
 /// each block unpacked once for all of them. Every token's sums go through [`rows_dot_impl`]'s operations
 /// for that row, in its order, so each result is bit for bit the token's own mat-vec.
 #[inline(always)]
+// Block `i` is taken from every token's activations: a range, not one slice's iterator.
+#[allow(clippy::needless_range_loop)]
 unsafe fn row_tokens_impl<const T: u8, const V: u8, const C: usize>(row: *const u8, xs: &[&[Q8Block]; C]) -> [f32; C] {
     let bb = block_bytes(T);
     let mut acc = [_mm256_setzero_ps(); C];
     let mut mins = [0f32; C];
-    for i in 0..xs[0].len() {
+    let blocks = xs[0].len();
+    for i in 0..blocks {
         let b = row.add(i * bb);
         prefetch_next_rows::<1>(b, bb, 1);
         let (u, w, d, c) = unpack::<T>(b);
