@@ -157,6 +157,28 @@ pub(super) fn decision_value(text: &str) -> Value {
     driver::extract_json(text).unwrap_or(Value::Null)
 }
 
+/// The most values of a parameter's `enum` that the native call score's prompt shows
+/// ([`StepGrammars::native_branch`]): the live paths of a small tree (the everyday sets' 12 files and 5
+/// folders, where the setting was chosen) are shown; a repository's hundreds would be prefilled again for
+/// every request (a plain question from this repository's root took 64 s instead of 4), so a longer list
+/// is left out of the prompt (the grammar keeps it).
+const SHOWN_ENUM_VALUES: usize = 32;
+
+/// `specs` as the native call score's prompt shows them: each property's `enum` of more than
+/// [`SHOWN_ENUM_VALUES`] values left out.
+fn shown_in_prompt(specs: &[ToolSpec]) -> Vec<ToolSpec> {
+    let mut shown = specs.to_vec();
+    for spec in &mut shown {
+        let Some(properties) = spec.parameters.get_mut("properties").and_then(Value::as_object_mut) else { continue };
+        for schema in properties.values_mut().filter_map(Value::as_object_mut) {
+            if schema.get("enum").and_then(Value::as_array).is_some_and(|e| e.len() > SHOWN_ENUM_VALUES) {
+                schema.remove("enum");
+            }
+        }
+    }
+    shown
+}
+
 /// The grammars a step chooses from.
 pub(super) struct StepGrammars {
     /// The run's tool choice.
@@ -170,7 +192,7 @@ pub(super) struct StepGrammars {
     pub(super) more_calls: Option<Grammar>,
     /// A native decision's grammar under `auto`, whose first token the model's call score is read at
     /// ([`AgentConfig::native_branch`]), and the tools its template renders (with their live parameters,
-    /// as the grammars have them: the files that exist).
+    /// as the grammars have them: the files that exist, where they are few: [`shown_in_prompt`]).
     pub(super) native_branch: Option<(Grammar, Value)>,
 }
 
@@ -198,7 +220,7 @@ impl StepGrammars {
                 && !specs.is_empty())
             .then(|| {
                 let grammar = native::native_grammar(specs, &ToolChoice::Auto, &config.decision, syntax)?;
-                Ok::<_, Error>((Grammar::Lark(grammar), native::tools_value(specs)))
+                Ok::<_, Error>((Grammar::Lark(grammar), native::tools_value(&shown_in_prompt(specs))))
             })
             .transpose()?,
         })
@@ -210,5 +232,27 @@ impl StepGrammars {
             (Some(required), true, _) => required,
             _ => &self.normal,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_native_score_prompt_shows_a_short_enum_and_leaves_a_long_one_out() {
+        let paths = |n: usize| (0..n).map(|i| format!("f{i}.txt")).collect::<Vec<_>>();
+        let spec = |n: usize| {
+            let parameters = json!({"type": "object", "properties": {
+                "path": {"type": "string", "enum": paths(n)},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            }});
+            ToolSpec::new("read_file", "reads", parameters).unwrap()
+        };
+        let shown = shown_in_prompt(&[spec(12), spec(500)]);
+        assert_eq!(shown[0].parameters, spec(12).parameters);
+        assert!(shown[1].parameters["properties"]["path"].get("enum").is_none());
+        assert_eq!(shown[1].parameters["properties"]["unit"]["enum"], json!(["c", "f"]));
     }
 }
