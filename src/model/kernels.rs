@@ -428,13 +428,22 @@ unsafe fn rows_tokens_into(
         return;
     }
     let _ = packed;
-    // The 256-bit tiers' 32-element types: each row once for up to four tokens, each block unpacked once
-    // for them all, every token's sums in its own mat-vec's order.
+    // The 256-bit tiers: each row once for up to four tokens, each block or super-block unpacked once for
+    // them all, every token's sums in its own mat-vec's order.
     #[cfg(target_arch = "x86_64")]
-    if matches!(tier, Tier::Avx2 | Tier::AvxVnni) && t.block_elems() == QK {
+    if matches!(tier, Tier::Avx2 | Tier::AvxVnni) {
         use avx2::*;
         let vnni = tier == Tier::AvxVnni;
-        macro_rules! group {
+        if t.block_elems() > QK {
+            // Each token's blocks and block sums taken where they lie: this runs once per work item.
+            assert!(
+                tokens.iter().all(|p| p.bsums.len() * 8 == blocks),
+                "the activations' block sums are packed for {t:?}"
+            );
+        }
+        // Tokens `$at..$at + $c` through row `$r`, their results stored: a 32-element type's kernel, and
+        // a K-quant's with the tokens' block sums.
+        macro_rules! blocks_group {
             ($code:expr, $c:literal, $at:expr, $row:expr, $r:expr) => {{
                 let xg: [&[Q8Block]; $c] = std::array::from_fn(|i| &x[($at + i) * blocks..][..blocks]);
                 let out = match vnni {
@@ -446,39 +455,7 @@ unsafe fn rows_tokens_into(
                 }
             }};
         }
-        macro_rules! rows_of {
-            ($code:expr) => {{
-                for r in rows.clone() {
-                    let row = w.as_ptr().add(r * row_bytes);
-                    let mut c = 0;
-                    while c < m {
-                        match m - c {
-                            1 => group!($code, 1, c, row, r),
-                            2 => group!($code, 2, c, row, r),
-                            3 => group!($code, 3, c, row, r),
-                            _ => group!($code, 4, c, row, r),
-                        }
-                        c += (m - c).min(4);
-                    }
-                }
-            }};
-        }
-        match code(t) {
-            Q4_0 => rows_of!(Q4_0),
-            Q4_1 => rows_of!(Q4_1),
-            Q5_0 => rows_of!(Q5_0),
-            _ => rows_of!(Q8_0),
-        }
-        return;
-    }
-    // The 256-bit tiers' K-quants: each row once for up to four tokens, each super-block unpacked once
-    // for them all, every token reduced as its own mat-vec reduces it.
-    #[cfg(target_arch = "x86_64")]
-    if matches!(tier, Tier::Avx2 | Tier::AvxVnni) && t.block_elems() > QK {
-        use avx2::*;
-        // Each token's blocks and block sums taken where they lie: this runs once per work item.
-        assert!(tokens.iter().all(|p| p.bsums.len() * 8 == blocks), "the activations' block sums are packed for {t:?}");
-        macro_rules! group {
+        macro_rules! supers_group {
             ($code:expr, $c:literal, $at:expr, $row:expr, $r:expr) => {{
                 let xg: [&[Q8Block]; $c] = std::array::from_fn(|i| &x[($at + i) * blocks..][..blocks]);
                 let sg: [&[[i16; 16]]; $c] = std::array::from_fn(|i| tokens[$at + i].bsums.as_slice());
@@ -489,16 +466,16 @@ unsafe fn rows_tokens_into(
             }};
         }
         macro_rules! rows_of {
-            ($code:expr) => {{
+            ($group:ident, $code:expr) => {{
                 for r in rows.clone() {
                     let row = w.as_ptr().add(r * row_bytes);
                     let mut c = 0;
                     while c < m {
                         match m - c {
-                            1 => group!($code, 1, c, row, r),
-                            2 => group!($code, 2, c, row, r),
-                            3 => group!($code, 3, c, row, r),
-                            _ => group!($code, 4, c, row, r),
+                            1 => $group!($code, 1, c, row, r),
+                            2 => $group!($code, 2, c, row, r),
+                            3 => $group!($code, 3, c, row, r),
+                            _ => $group!($code, 4, c, row, r),
                         }
                         c += (m - c).min(4);
                     }
@@ -506,9 +483,13 @@ unsafe fn rows_tokens_into(
             }};
         }
         match code(t) {
-            Q4K => rows_of!(Q4K),
-            Q5K => rows_of!(Q5K),
-            _ => rows_of!(Q6K),
+            Q4_0 => rows_of!(blocks_group, Q4_0),
+            Q4_1 => rows_of!(blocks_group, Q4_1),
+            Q5_0 => rows_of!(blocks_group, Q5_0),
+            Q8_0 => rows_of!(blocks_group, Q8_0),
+            Q4K => rows_of!(supers_group, Q4K),
+            Q5K => rows_of!(supers_group, Q5K),
+            _ => rows_of!(supers_group, Q6K),
         }
         return;
     }

@@ -202,10 +202,7 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
         for r in 0..R {
             prefetch_next_rows::<R>(rows.add(r * stride + i * bb), stride, 1);
             let (p, d, c) = block::<T, V>(rows.add(r * stride + i * bb), qx);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[r]);
-            if T != Q8_0 {
-                mins[r] += c * sx;
-            }
+            add_block::<T>(&mut acc[r], &mut mins[r], p, d, c, xb.d, sx);
         }
     }
     let mut out = [0f32; R];
@@ -213,6 +210,17 @@ unsafe fn rows_dot_impl<const T: u8, const R: usize, const V: u8>(
         out[r] = hsum(acc[r]) + mins[r];
     }
     out
+}
+
+/// One block's share of a row's dot product with one token: its product `p` times the block's scale `d`
+/// and the token's `xd` into `acc`, its correction `c` times the token's scaled sum `sx` into `min` (none
+/// for Q8_0). The mat-vec and the short batch both add through it, so each token's sums are the same bits.
+#[inline(always)]
+unsafe fn add_block<const T: u8>(acc: &mut __m256, min: &mut f32, p: __m256i, d: __m256, c: f32, xd: f32, sx: f32) {
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(xd)), *acc);
+    if T != Q8_0 {
+        *min += c * sx;
+    }
 }
 
 /// Q4_K / Q5_K: chunk `j` of a super-block's quants (at `b + qs`) as its two sub-blocks' values, low
@@ -447,7 +455,7 @@ pub(super) unsafe fn row_tokens_k<const T: u8, const C: usize>(
 
 /// One weight row of a 32-element type (Q4_0, Q4_1, Q5_0, Q8_0) dotted with `C` tokens (a short batch),
 /// each block unpacked once for all of them. Every token's sums go through [`rows_dot_impl`]'s operations
-/// for that row, in its order, so each result is bit for bit the token's own mat-vec.
+/// for that row ([`add_block`]), in its order, so each result is bit for bit the token's own mat-vec.
 #[inline(always)]
 // Block `i` is taken from every token's activations: a range, not one slice's iterator.
 #[allow(clippy::needless_range_loop)]
@@ -464,11 +472,7 @@ unsafe fn row_tokens_impl<const T: u8, const V: u8, const C: usize>(row: *const 
             let xb = &xs[k][i];
             let qx = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
             let p = product::<T, V>(u, w, qx);
-            acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[k]);
-            if T != Q8_0 {
-                let sx = xb.d * xb.sum as f32;
-                mins[k] += c * sx;
-            }
+            add_block::<T>(&mut acc[k], &mut mins[k], p, d, c, xb.d, xb.d * xb.sum as f32);
         }
     }
     let mut out = [0f32; C];
