@@ -39,7 +39,12 @@ fn folder() -> tempfile::TempDir {
 
 type Events = Arc<Mutex<Vec<AgentEvent>>>;
 
-fn run_in(root: &Path, script: Vec<String>, config: Option<AgentConfig>, task: &str) -> (reagent::Transcript, Events) {
+fn run_in(
+    root: &Path,
+    script: Vec<impl Into<ScriptItem>>,
+    config: Option<AgentConfig>,
+    task: &str,
+) -> (reagent::Transcript, Events) {
     let events: Events = Arc::default();
     let sink = events.clone();
     let tools = builtin_tools(&BuiltinOptions::default().root(root.to_path_buf())).unwrap();
@@ -634,4 +639,79 @@ parameters = { type = "object", properties = { to = { type = "string" }, text = 
         .run("What is the capital of France?")
         .unwrap();
     assert_eq!((t.final_answer.as_deref(), t.steps.len()), (Some("Paris"), 1));
+}
+
+/// A refused repeat ran nothing, so the run's calls all returned results: the answer is still the model's
+/// own reply from them, not the decision's (which a small model writes from the last result alone).
+#[test]
+fn a_refused_repeat_leaves_the_answer_to_the_models_own_words() {
+    let dir = folder();
+    let script = vec![
+        ScriptItem::from(call("read_file", json!({"path": "notes.txt"}))),
+        call("read_file", json!({"path": "docs/travel.md"})).into(),
+        call("read_file", json!({"path": "docs/travel.md"})).into(),
+        answer("Flight at 09:40.").into(),
+        ScriptItem::Words("The code word is heliotrope; the flight is at 09:40.".into()),
+    ];
+    let task = "What is the code word in notes.txt, and when is the flight in docs/travel.md?";
+    let (t, events) = run_in(dir.path(), script, None, task);
+    let outcomes: Vec<bool> = t.steps.iter().flat_map(|s| &s.calls).map(|c| c.outcome.is_ok()).collect();
+    assert_eq!(outcomes, [true, true, false], "the third read is a refused repeat: {:?}", t.steps);
+    assert_eq!(t.final_answer.as_deref(), Some("The code word is heliotrope; the flight is at 09:40."));
+    let refused = events.lock().unwrap().iter().any(|e| matches!(e, AgentEvent::ToolCallBlocked { .. }));
+    assert!(refused);
+}
+
+/// A sum corrected by the calculator does not end the run while a file the request names is unread: the
+/// next decision is free, and an answer before the read is sent back for it.
+#[test]
+fn a_file_still_to_read_is_read_after_a_corrected_sum() {
+    let dir = folder();
+    std::fs::write(dir.path().join("numbers.txt"), "12\n7\n30\n41\n").unwrap();
+    std::fs::write(dir.path().join("sales.csv"), "month,units\njan,120\n").unwrap();
+    let script = vec![
+        call("read_file", json!({"path": "numbers.txt"})),
+        answer("12 + 7 + 30 + 41 = 120"),
+        call("calculator", json!({"expression": "12 + 7 + 30 + 41"})),
+        // Too early: sales.csv is not read yet.
+        answer("90"),
+        call("read_file", json!({"path": "sales.csv"})),
+        answer("90 + 120 = 210"),
+    ];
+    let task = "What is the sum of the numbers in numbers.txt plus the units sold in jan according to sales.csv?";
+    let (t, _) = run_in(dir.path(), script, None, task);
+    let tools: Vec<&str> = t.steps.iter().flat_map(|s| &s.calls).map(|c| c.call.tool.as_str()).collect();
+    assert_eq!(tools, ["read_file", "calculator", "read_file"], "{:?}", t.steps);
+    assert_eq!(t.final_answer.as_deref(), Some("90 + 120 = 210"));
+}
+
+/// A run whose steps run out ends with the model's own reply to the request, where that reply passes the
+/// checks of an answer after calls; one that only repeats a tool's error leaves the run unanswered.
+#[test]
+fn a_run_whose_steps_run_out_ends_with_the_models_own_reply() {
+    let dir = folder();
+    let config = || {
+        let mut c = AgentConfig::default();
+        c.max_steps = 2;
+        Some(c)
+    };
+    let task = "What colour do you get when you mix blue and yellow?";
+    let failing = || {
+        vec![
+            ScriptItem::from(call("calculator", json!({"expression": "blue + yellow"}))),
+            call("calculator", json!({"expression": "b + yellow"})).into(),
+        ]
+    };
+    let mut script = failing();
+    script.push(ScriptItem::Words("Green.".into()));
+    let (t, _) = run_in(dir.path(), script, config(), task);
+    assert_eq!((t.final_answer.as_deref(), &t.stop_reason), (Some("Green."), &StopReason::FinalAnswer));
+    assert_eq!(t.steps.len(), 3, "two steps of calls, then the reply");
+    assert!(t.steps[2].calls.is_empty());
+    // A reply that is the calculator's error is no answer: the run stops as it would have.
+    let error = t.steps[1].calls[0].outcome.error_text().unwrap();
+    let mut script = failing();
+    script.push(ScriptItem::Words(format!("Error: {error}")));
+    let (t, _) = run_in(dir.path(), script, config(), task);
+    assert_eq!((t.final_answer, t.stop_reason), (None, StopReason::MaxSteps { steps: 2 }));
 }

@@ -81,17 +81,34 @@ fn embedded(text: &str, start: usize, end: usize) -> bool {
 /// expression that does not evaluate (unbalanced parentheses, division by zero), a range or date
 /// (`5-8`, `2024-03-07`) or an equation inside a longer one is no evidence either way.
 pub fn slips(text: &str) -> Vec<Slip> {
-    let mut out = Vec::new();
-    for c in equation().captures_iter(text) {
+    equations(text).filter(|e| !e.right).map(|e| e.slip).collect()
+}
+
+/// The results of the equations `text` writes that are right (`85 * 3 = 255` gives 255), as written:
+/// values the text derived from its operands rather than made up.
+pub fn derived(text: &str) -> Vec<f64> {
+    equations(text).filter(|e| e.right).map(|e| e.claimed).collect()
+}
+
+/// An equation `text` writes, checked.
+struct Checked {
+    slip: Slip,
+    claimed: f64,
+    right: bool,
+}
+
+/// Every equation `text` writes that evaluates, with whether its result is right (see [`slips`]).
+fn equations(text: &str) -> impl Iterator<Item = Checked> + '_ {
+    equation().captures_iter(text).filter_map(move |c| {
         let whole = c.get(0).expect("a match has a whole");
         // An operand may start with spaces: the equation starts at its first other character.
         let start = whole.end() - whole.as_str().trim_start().len();
         if embedded(text, start, whole.end()) {
-            continue;
+            return None;
         }
         let (lhs, rhs) = (c["lhs"].trim(), &c["rhs"]);
         if range().is_match(lhs) {
-            continue;
+            return None;
         }
         let expr: String = lhs
             .replace([',', '$'], "")
@@ -102,20 +119,18 @@ pub fn slips(text: &str) -> Vec<Slip> {
                 c => c,
             })
             .collect();
-        let Some(value) = evaluate(&expr) else { continue };
+        let value = evaluate(&expr)?;
         let written = rhs.replace([',', '$'], "");
-        let Ok(claimed) = written.parse::<f64>() else { continue };
+        let claimed = written.parse::<f64>().ok()?;
         let decimals = written.split_once('.').map_or(0, |(_, d)| d.len()) as i32;
         let unit = 10f64.powi(-decimals);
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
         let rounded = (value / unit).round() * unit;
         let cut = (value / unit).trunc() * unit;
         let right = close(claimed, value) || close(claimed, rounded) || (decimals > 0 && close(claimed, cut));
-        if !right {
-            out.push(Slip { expression: lhs.to_string(), written: rhs.to_string(), value });
-        }
-    }
-    out
+        let slip = Slip { expression: lhs.to_string(), written: rhs.to_string(), value };
+        Some(Checked { slip, claimed, right })
+    })
 }
 
 /// Digits joined to digits by a hyphen without spaces: a range or a date (`5-8`, `2024-03-07`), not a

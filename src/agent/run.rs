@@ -197,6 +197,7 @@ impl Agent {
                 break stop;
             }
         };
+        let stop = self.closing_answer(&mut run, &mut messages, stop)?;
         if stop != StopReason::FinalAnswer {
             self.emit(AgentEvent::RunFailed { reason: stop.clone() });
         }
@@ -454,7 +455,13 @@ impl Agent {
     /// gives; left free it goes on calling (a small model reads the file again, asks the time, searches).
     fn answer_after_correction(&self, step: &Step, run: &mut RunState) {
         let ok = !step.calls.is_empty() && step.calls.iter().all(|c| c.outcome.is_ok());
-        if step.corrects_arithmetic && ok && self.config.tool_choice == ToolChoice::Auto {
+        // Unless the request still needs a call (a file it names that no call has read): that decision is
+        // left free, and an answer before it is sent back for it.
+        if step.corrects_arithmetic
+            && ok
+            && self.config.tool_choice == ToolChoice::Auto
+            && self.still_needed(run).is_none()
+        {
             run.force_answer = true;
         }
     }

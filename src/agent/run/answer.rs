@@ -3,10 +3,12 @@
 
 use super::checks::{copied_failure, echoes_request};
 use super::{Decision, DecisionFormat, RunState};
-use crate::agent::events::DecisionStats;
+use crate::agent::decision::ToolChoice;
+use crate::agent::events::{AgentEvent, DecisionStats, Step, StopReason};
 use crate::agent::Agent;
 use crate::error::Result;
 use crate::text::chat::{ChatMessage, Role};
+use crate::tools::CallOutcome;
 
 /// The system turn of an answer in the model's own words where the caller gave none. A template's own
 /// default can be a narrow role: Qwen 2.5 Coder's refuses "who painted the Mona Lisa?" under it, and
@@ -23,6 +25,58 @@ impl Agent {
         if !self.answers_in_own_words(run) {
             return Ok(None);
         }
+        self.reply_in_own_words(run, stats)
+    }
+
+    /// A run that would end without an answer (its steps ran out, or its last answer only repeated a
+    /// tool's error) ends with the model's own reply to the request, what its calls returned and how they
+    /// failed in view, where that reply passes [`Self::own_words`]'s checks: the step that answers and
+    /// [`StopReason::FinalAnswer`]; `stop` otherwise.
+    pub(super) fn closing_answer(
+        &mut self,
+        run: &mut RunState,
+        messages: &mut Vec<ChatMessage>,
+        stop: StopReason,
+    ) -> Result<StopReason> {
+        let ends_unanswered = matches!(stop, StopReason::MaxSteps { .. } | StopReason::ToolFailed { .. });
+        let on = self.config.answer_in_own_words
+            && self.config.format == DecisionFormat::React
+            && self.config.tool_choice == ToolChoice::Auto;
+        if !ends_unanswered || !on || crate::limits::interrupted() {
+            return Ok(stop);
+        }
+        let mut stats = DecisionStats::default();
+        let Some(answer) = self.reply_in_own_words(run, &mut stats)? else { return Ok(stop) };
+        let step = run.steps.len() + 1;
+        let decision = Decision::FinalAnswer { thought: String::new(), answer: answer.clone() };
+        let text = answer_text(&answer);
+        self.emit(AgentEvent::DecisionExtracted {
+            step,
+            decision: decision.clone(),
+            stats: stats.clone(),
+            text: text.clone(),
+            thinking: None,
+        });
+        messages.push(self.kept_turn(&text, &decision));
+        self.emit(AgentEvent::FinalAnswer { step, answer });
+        run.steps.push(Step {
+            decision,
+            thinking: None,
+            calls: Vec::new(),
+            observation: None,
+            retries: 0,
+            stats,
+            grounding: None,
+            support: None,
+            support_values: Vec::new(),
+            tool_support: None,
+            corrects_arithmetic: false,
+        });
+        Ok(StopReason::FinalAnswer)
+    }
+
+    /// The model's reply to the conversation as a plain chat turn, checked (see [`Self::own_words`]).
+    fn reply_in_own_words(&mut self, run: &mut RunState, stats: &mut DecisionStats) -> Result<Option<String>> {
         let messages = self.plain_turns(run);
         // After calls the reply is checked against their results before it is the answer: it is shown
         // once it passes, not as it comes (a reply that is then not used would have been shown).
@@ -79,7 +133,13 @@ impl Agent {
     /// run's calls failed.
     pub(super) fn answers_in_own_words(&self, run: &RunState) -> bool {
         let called = self.called(run);
-        let failed = run.steps.iter().flat_map(|s| &s.calls).any(|c| !c.outcome.is_ok());
+        // A refused repeat ran nothing: the result it repeats is there (and a repeat of a failed call has
+        // that failure before it).
+        let failed = run
+            .steps
+            .iter()
+            .flat_map(|s| &s.calls)
+            .any(|c| !c.outcome.is_ok() && !matches!(c.outcome, CallOutcome::Repeated { .. }));
         self.config.answer_in_own_words
             && self.config.format == DecisionFormat::React
             && (!called || (self.config.own_words_after_calls && !failed))
@@ -135,10 +195,13 @@ fn observation_of(m: &ChatMessage) -> Option<&str> {
     Some(seen.split("\nIf this answers the task").next().unwrap_or(seen).trim_end())
 }
 
-/// The run's calls and what each returned (or its error), as the plain chat's context.
+/// The run's calls that returned a result and what each returned, as the plain chat's context.
 fn call_results(run: &RunState) -> String {
     let mut text = String::new();
-    for record in run.steps.iter().flat_map(|s| &s.calls) {
+    // Results only: a refused repeat adds nothing to the result it repeats, and a failure's error drew
+    // replies about the error (the run's closing answer is the one asked with failures behind it).
+    let made = run.steps.iter().flat_map(|s| &s.calls).filter(|c| c.outcome.is_ok());
+    for record in made {
         let args = serde_json::to_string(&record.call.args).unwrap_or_default();
         let outcome = record.outcome.observation();
         text.push_str(&format!("{} {args} returned:\n{}\n\n", record.call.tool, outcome.trim_end()));
@@ -157,7 +220,10 @@ fn numbers_given(reply: &str, given: &[&str]) -> bool {
     let values = |text: &str| -> Vec<f64> {
         number.find_iter(text).filter_map(|m| m.as_str().replace(',', "").parse().ok()).collect()
     };
-    let known: Vec<f64> = given.iter().flat_map(|t| values(t)).collect();
+    // What the reply derives by a right equation from what it was given (`85 * 3 = 255`) is grounded too:
+    // its operands are numbers of the reply, checked like the rest.
+    let mut known: Vec<f64> = given.iter().flat_map(|t| values(t)).collect();
+    known.extend(crate::agent::arithmetic::derived(reply));
     values(reply).iter().all(|v| known.contains(v))
 }
 
@@ -218,6 +284,12 @@ mod tests {
         assert!(numbers_given("No numbers at all.", &given));
         // A sum redone in the model's head.
         assert!(!numbers_given("60 / 4 = 15, so the answer is 15.", &given));
+        // A result the reply derives by a right equation from numbers it was given.
+        let given = ["read_file {\"path\":\"travel.md\"} returned:\nhotel: 85 EUR a night, 3 nights"];
+        assert!(numbers_given("85 * 3 = 255, so the hotel costs 255 EUR.", &given));
+        // Not by a wrong one, nor from an operand it was not given.
+        assert!(!numbers_given("85 * 3 = 245, so the hotel costs 245 EUR.", &given));
+        assert!(!numbers_given("85 * 4 = 340, so the hotel costs 340 EUR.", &given));
         assert!(numbers_given("That is 1,603 in all.", &["returned: 1603"]));
         assert!(!numbers_given("That is 1,603 in all.", &["returned: 1 and 603"]));
     }
