@@ -60,7 +60,7 @@ impl CallOutcome {
             CallOutcome::Ok { output } => output.clone(),
             CallOutcome::Blocked { reason } => format!("The call was blocked: {reason}"),
             CallOutcome::Repeated { output, times } => format!("{output}\n({})", repeat_note(*times)),
-            other => format!("Error: {}", other.error_text().unwrap_or_default()),
+            other => format!("{ERROR_MARK}{}", other.error_text().unwrap_or_default()),
         }
     }
 
@@ -85,6 +85,9 @@ impl CallOutcome {
         matches!(self, CallOutcome::Ok { .. })
     }
 }
+
+/// How an observation opens the error of a call that failed.
+pub(crate) const ERROR_MARK: &str = "Error: ";
 
 /// What the observation of a refused repeat says after the earlier output.
 pub fn repeat_note(times: usize) -> String {

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 pub use builtin::{builtin_tools, BuiltinOptions};
 pub(crate) use builtin::{calculate, existing_path_in};
+pub(crate) use executor::ERROR_MARK;
 pub use executor::{repeat_note, CallOutcome, Executor, Interceptor, InterceptorAction};
 
 pub use program::{load_tools_file, read_tools_file, timeout_from_secs, ProgramTool, ToolsFileContents, MAX_TIMEOUT_S};

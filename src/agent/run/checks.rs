@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::agent::{arithmetic, Decision};
 use crate::text::chat::{ChatMessage, Role};
+use crate::tools::ERROR_MARK;
 
 /// Why an attempt is sent back.
 pub(super) enum Failure {
@@ -58,12 +59,17 @@ pub(super) fn arithmetic_slips(
 /// no weather station …`), where those are 12 or more; or it is 12 characters or more found in the
 /// error; or it writes every word of such a message of 5 to 12 words in order within a stretch one word
 /// longer ("No weather station found for 'mom'"). Compared as words: without case, punctuation or quotes
-/// (a program quotes `"parent's city"` where the answer writes `'parent's city'`).
+/// (a program quotes `"parent's city"` where the answer writes `'parent's city'`). An answer that opens
+/// as the run's observations open a failure (`Error: `) writes the last failure in other words ("Error:
+/// The ticker 'Tesla' is not recognized" after `unknown ticker`).
 pub(super) fn copied_failure<'f>(
     decision: &Decision,
     failures: &'f [(String, String)],
 ) -> Option<&'f (String, String)> {
     let Decision::FinalAnswer { answer, .. } = decision else { return None };
+    if answer.trim_start().starts_with(ERROR_MARK) {
+        return failures.last();
+    }
     let words = |s: &str| -> Vec<String> {
         let plain: String = s.chars().map(|c| if c.is_alphanumeric() { c } else { ' ' }).collect();
         plain.to_lowercase().split_whitespace().map(str::to_string).collect()
@@ -156,6 +162,10 @@ mod tests {
         assert_eq!(copied("notes has a.txt and b.txt"), None);
         assert_eq!(copied("The server, as far as I know, is not running at all"), None);
         assert_eq!(copied("Sorry: the server is not running now."), Some("mcp"));
+        // Written as an observation writes a failure, in words of its own: the last failure.
+        assert_eq!(copied("Error: The server returned an error. Please try again later."), Some("read_file"));
+        assert_eq!(copied("The error was mine: the server runs."), None);
+        assert_eq!(copied_failure(&answer("Error: none"), &[]), None);
     }
 
     #[test]
