@@ -684,34 +684,3 @@ fn a_file_still_to_read_is_read_after_a_corrected_sum() {
     assert_eq!(tools, ["read_file", "calculator", "read_file"], "{:?}", t.steps);
     assert_eq!(t.final_answer.as_deref(), Some("90 + 120 = 210"));
 }
-
-/// A run whose steps run out ends with the model's own reply to the request, where that reply passes the
-/// checks of an answer after calls; one that only repeats a tool's error leaves the run unanswered.
-#[test]
-fn a_run_whose_steps_run_out_ends_with_the_models_own_reply() {
-    let dir = folder();
-    let config = || {
-        let mut c = AgentConfig::default();
-        c.max_steps = 2;
-        Some(c)
-    };
-    let task = "What colour do you get when you mix blue and yellow?";
-    let failing = || {
-        vec![
-            ScriptItem::from(call("calculator", json!({"expression": "blue + yellow"}))),
-            call("calculator", json!({"expression": "b + yellow"})).into(),
-        ]
-    };
-    let mut script = failing();
-    script.push(ScriptItem::Words("Green.".into()));
-    let (t, _) = run_in(dir.path(), script, config(), task);
-    assert_eq!((t.final_answer.as_deref(), &t.stop_reason), (Some("Green."), &StopReason::FinalAnswer));
-    assert_eq!(t.steps.len(), 3, "two steps of calls, then the reply");
-    assert!(t.steps[2].calls.is_empty());
-    // A reply that is the calculator's error is no answer: the run stops as it would have.
-    let error = t.steps[1].calls[0].outcome.error_text().unwrap();
-    let mut script = failing();
-    script.push(ScriptItem::Words(format!("Error: {error}")));
-    let (t, _) = run_in(dir.path(), script, config(), task);
-    assert_eq!((t.final_answer, t.stop_reason), (None, StopReason::MaxSteps { steps: 2 }));
-}

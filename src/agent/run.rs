@@ -197,7 +197,6 @@ impl Agent {
                 break stop;
             }
         };
-        let stop = self.closing_answer(&mut run, &mut messages, stop)?;
         if stop != StopReason::FinalAnswer {
             self.emit(AgentEvent::RunFailed { reason: stop.clone() });
         }

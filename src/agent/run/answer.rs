@@ -3,8 +3,7 @@
 
 use super::checks::{copied_failure, echoes_request};
 use super::{Decision, DecisionFormat, RunState};
-use crate::agent::decision::ToolChoice;
-use crate::agent::events::{AgentEvent, DecisionStats, Step, StopReason};
+use crate::agent::events::DecisionStats;
 use crate::agent::Agent;
 use crate::error::Result;
 use crate::text::chat::{ChatMessage, Role};
@@ -25,58 +24,6 @@ impl Agent {
         if !self.answers_in_own_words(run) {
             return Ok(None);
         }
-        self.reply_in_own_words(run, stats)
-    }
-
-    /// A run that would end without an answer (its steps ran out, or its last answer only repeated a
-    /// tool's error) ends with the model's own reply to the request, what its calls returned and how they
-    /// failed in view, where that reply passes [`Self::own_words`]'s checks: the step that answers and
-    /// [`StopReason::FinalAnswer`]; `stop` otherwise.
-    pub(super) fn closing_answer(
-        &mut self,
-        run: &mut RunState,
-        messages: &mut Vec<ChatMessage>,
-        stop: StopReason,
-    ) -> Result<StopReason> {
-        let ends_unanswered = matches!(stop, StopReason::MaxSteps { .. } | StopReason::ToolFailed { .. });
-        let on = self.config.answer_in_own_words
-            && self.config.format == DecisionFormat::React
-            && self.config.tool_choice == ToolChoice::Auto;
-        if !ends_unanswered || !on || crate::limits::interrupted() {
-            return Ok(stop);
-        }
-        let mut stats = DecisionStats::default();
-        let Some(answer) = self.reply_in_own_words(run, &mut stats)? else { return Ok(stop) };
-        let step = run.steps.len() + 1;
-        let decision = Decision::FinalAnswer { thought: String::new(), answer: answer.clone() };
-        let text = answer_text(&answer);
-        self.emit(AgentEvent::DecisionExtracted {
-            step,
-            decision: decision.clone(),
-            stats: stats.clone(),
-            text: text.clone(),
-            thinking: None,
-        });
-        messages.push(self.kept_turn(&text, &decision));
-        self.emit(AgentEvent::FinalAnswer { step, answer });
-        run.steps.push(Step {
-            decision,
-            thinking: None,
-            calls: Vec::new(),
-            observation: None,
-            retries: 0,
-            stats,
-            grounding: None,
-            support: None,
-            support_values: Vec::new(),
-            tool_support: None,
-            corrects_arithmetic: false,
-        });
-        Ok(StopReason::FinalAnswer)
-    }
-
-    /// The model's reply to the conversation as a plain chat turn, checked (see [`Self::own_words`]).
-    fn reply_in_own_words(&mut self, run: &mut RunState, stats: &mut DecisionStats) -> Result<Option<String>> {
         let messages = self.plain_turns(run);
         // After calls the reply is checked against their results before it is the answer: it is shown
         // once it passes, not as it comes (a reply that is then not used would have been shown).
@@ -195,12 +142,11 @@ fn observation_of(m: &ChatMessage) -> Option<&str> {
     Some(seen.split("\nIf this answers the task").next().unwrap_or(seen).trim_end())
 }
 
-/// The run's calls that returned a result and what each returned, as the plain chat's context.
+/// The run's calls and what each returned (or its error), as the plain chat's context.
 fn call_results(run: &RunState) -> String {
     let mut text = String::new();
-    // Results only: a refused repeat adds nothing to the result it repeats, and a failure's error drew
-    // replies about the error (the run's closing answer is the one asked with failures behind it).
-    let made = run.steps.iter().flat_map(|s| &s.calls).filter(|c| c.outcome.is_ok());
+    // A refused repeat adds nothing to the result it repeats.
+    let made = run.steps.iter().flat_map(|s| &s.calls).filter(|c| !matches!(c.outcome, CallOutcome::Repeated { .. }));
     for record in made {
         let args = serde_json::to_string(&record.call.args).unwrap_or_default();
         let outcome = record.outcome.observation();
