@@ -3,7 +3,7 @@
 
 use super::checks::{copied_failure, echoes_request};
 use super::{Decision, DecisionFormat, RunState};
-use crate::agent::events::DecisionStats;
+use crate::agent::events::{CallRecord, DecisionStats};
 use crate::agent::Agent;
 use crate::error::Result;
 use crate::text::chat::{ChatMessage, Role};
@@ -80,13 +80,7 @@ impl Agent {
     /// run's calls failed.
     pub(super) fn answers_in_own_words(&self, run: &RunState) -> bool {
         let called = self.called(run);
-        // A refused repeat ran nothing: the result it repeats is there (and a repeat of a failed call has
-        // that failure before it).
-        let failed = run
-            .steps
-            .iter()
-            .flat_map(|s| &s.calls)
-            .any(|c| !c.outcome.is_ok() && !matches!(c.outcome, CallOutcome::Repeated { .. }));
+        let failed = calls_made(run).any(|c| !c.outcome.is_ok());
         self.config.answer_in_own_words
             && self.config.format == DecisionFormat::React
             && (!called || (self.config.own_words_after_calls && !failed))
@@ -142,12 +136,16 @@ fn observation_of(m: &ChatMessage) -> Option<&str> {
     Some(seen.split("\nIf this answers the task").next().unwrap_or(seen).trim_end())
 }
 
+/// The run's calls that ran, without its refused repeats: a repeat ran nothing and adds nothing to the
+/// result it repeats (a repeat of a failed call has that failure before it).
+fn calls_made(run: &RunState) -> impl Iterator<Item = &CallRecord> {
+    run.steps.iter().flat_map(|s| &s.calls).filter(|c| !matches!(c.outcome, CallOutcome::Repeated { .. }))
+}
+
 /// The run's calls and what each returned (or its error), as the plain chat's context.
 fn call_results(run: &RunState) -> String {
     let mut text = String::new();
-    // A refused repeat adds nothing to the result it repeats.
-    let made = run.steps.iter().flat_map(|s| &s.calls).filter(|c| !matches!(c.outcome, CallOutcome::Repeated { .. }));
-    for record in made {
+    for record in calls_made(run) {
         let args = serde_json::to_string(&record.call.args).unwrap_or_default();
         let outcome = record.outcome.observation();
         text.push_str(&format!("{} {args} returned:\n{}\n\n", record.call.tool, outcome.trim_end()));
