@@ -161,6 +161,21 @@ fn chat_tools_and_json_answers_come_in_the_apis_shapes() {
     ]);
     let (status, r) = post(a, &json!({"messages": turn, "tools": tools}));
     assert_eq!(status, 200, "{r}");
+    // A result the client's tool reports as a failure: the same call is not sent again (with one
+    // argument-less tool, `required` can only repeat it), and no answer is the error passed on.
+    let ping = json!([{"type": "function", "function": {"name": "ping", "description": "pings",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}]);
+    let failed = json!([
+        {"role": "user", "content": "ping the server"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "ping", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{\"error\": \"host unreachable\"}"}
+    ]);
+    let (status, r) = post(a, &json!({"messages": failed, "tools": ping, "tool_choice": "required"}));
+    assert_eq!(status, 200, "{r}");
+    let message = &r["choices"][0]["message"];
+    assert!(message.get("tool_calls").is_none(), "the failed call was sent again: {r}");
+    assert_eq!(message["content"], "No answer: `ping` failed: host unreachable", "{r}");
     // A streamed decision: the call in one delta with its index.
     let body = json!({"messages": weather, "tools": tools, "tool_choice": "required", "stream": true});
     let (_, sse) = http(a, "POST", "/v1/chat/completions", body.to_string().as_bytes(), &[]);

@@ -236,6 +236,12 @@ impl Worker {
         let (conversation, recorded) = history(&req.messages, format, &syntax)?;
         config.max_steps = recorded.len() + 1;
         let replayed = recorded.len();
+        // The conversation's calls whose results the client's tool reported as failures.
+        let failed: Vec<(ToolCall, String)> = recorded
+            .iter()
+            .flat_map(|s| &s.started)
+            .filter_map(|(c, o)| Some((c.clone(), o.as_ref()?.error_text()?)))
+            .collect();
         // An answer in the model's own words goes out as it is generated (a streamed response sends it on).
         let deltas = events.clone();
         let mut agent = Agent::builder()
@@ -249,6 +255,19 @@ impl Worker {
             .map_err(|e| ApiError::bad("tools", crate::error::one_line(&e.to_string())))?;
         let t = agent.resume(&conversation, recorded).map_err(server_error)?;
         let Some(step) = t.steps.get(replayed) else {
+            // Every answer repeated a failed tool's error: the reply says that it failed, as `reagent run`
+            // does, rather than passing the error on as the answer.
+            if let crate::agent::StopReason::ToolFailed { .. } = &t.stop_reason {
+                return Ok(Completion {
+                    content: Some(format!("No answer: {}", t.stop_reason)),
+                    calls: Vec::new(),
+                    finish_reason: "stop",
+                    prompt_tokens: t.stats.prompt_tokens,
+                    reasoning: None,
+                    cached_tokens: t.stats.reused_tokens.min(t.stats.prompt_tokens),
+                    completion_tokens: t.stats.generated_tokens,
+                });
+            }
             let why = format!("no decision was made: {}", t.stop_reason);
             return Err(match t.stop_reason {
                 crate::agent::StopReason::ContextOverflow { .. } => ApiError::bad("messages", why),
@@ -263,7 +282,18 @@ impl Worker {
                 let cut = format == DecisionFormat::Native && answer_tokens >= answer_cap;
                 (Some(answer.clone()), Vec::new(), if cut { "length" } else { "stop" })
             }
-            d => (None, d.calls(), "tool_calls"),
+            d => {
+                // A call that failed before is not sent again (the client would run it again, and the
+                // model would ask for it again): the reply says that it failed, as `reagent run` does.
+                let calls = d.calls();
+                match calls.iter().find_map(|c| failed.iter().find(|(f, _)| f == c)) {
+                    Some((f, error)) => {
+                        let stop = crate::agent::StopReason::ToolFailed { tool: f.tool.clone(), error: error.clone() };
+                        (Some(format!("No answer: {stop}")), Vec::new(), "stop")
+                    }
+                    None => (None, calls, "tool_calls"),
+                }
+            }
         };
         Ok(Completion {
             content,
@@ -362,7 +392,12 @@ fn history(
             .zip(results)
             .map(|(c, r)| {
                 let outcome = match r {
-                    Some(output) => CallOutcome::Ok { output },
+                    // A result the client's tool reports as a failure is one: kept out of the answer and
+                    // retried like a failed call of the agent's own.
+                    Some(output) => match client_failure(&output) {
+                        Some(message) => CallOutcome::Error { message },
+                        None => CallOutcome::Ok { output },
+                    },
                     None => CallOutcome::Error { message: "no result was given for this call".into() },
                 };
                 (c, Some(outcome))
@@ -465,5 +500,41 @@ mod tests {
         let [m] = flatten(&turn, Some(&one_a_turn)).try_into().unwrap();
         assert!(m.tool_calls.is_empty());
         assert!(m.content.starts_with("Checking.\n<tool_call>") && m.content.contains("\"g\""), "{}", m.content);
+    }
+}
+
+/// The failure a client's tool result reports, where its shape says so: a JSON object whose one key is
+/// `error` (a message, or an object with a `message`), or text that opens with `Error:`.
+fn client_failure(output: &str) -> Option<String> {
+    let text = output.trim();
+    if let Some(rest) = text.strip_prefix("Error:").or_else(|| text.strip_prefix("error:")) {
+        return Some(rest.trim().to_string()).filter(|m| !m.is_empty()).or_else(|| Some(text.to_string()));
+    }
+    let v: Value = serde_json::from_str(text).ok()?;
+    let o = v.as_object().filter(|o| o.len() == 1)?;
+    match o.get("error")? {
+        Value::String(m) => Some(m.clone()),
+        Value::Object(e) => {
+            Some(e.get("message").and_then(Value::as_str).map_or_else(|| text.to_string(), str::to_string))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod failure_tests {
+    use super::client_failure;
+
+    #[test]
+    fn a_client_tool_result_is_a_failure_only_where_its_shape_says_so() {
+        let stock = r#"{"error": "Stock with symbol 'Quasar Ltd.' not found."}"#;
+        assert_eq!(client_failure(stock).as_deref(), Some("Stock with symbol 'Quasar Ltd.' not found."));
+        assert_eq!(client_failure(r#"{"error": {"message": "denied", "code": 3}}"#).as_deref(), Some("denied"));
+        assert_eq!(client_failure("Error: no such file").as_deref(), Some("no such file"));
+        // Results that carry an `error` field beside their data, or mention errors, are results.
+        assert_eq!(client_failure(r#"{"error": null, "price": 3}"#), None);
+        assert_eq!(client_failure(r#"{"errors_today": 0}"#), None);
+        assert_eq!(client_failure("18 C"), None);
+        assert_eq!(client_failure("The error rate was 2%"), None);
     }
 }
