@@ -504,11 +504,14 @@ mod tests {
 }
 
 /// The failure a client's tool result reports, where its shape says so: a JSON object whose one key is
-/// `error` (a message, or an object with a `message`), or text that opens with `Error:`.
+/// `error` (a message, or an object with a `message`), or text that opens with `Error:` (the mark of the
+/// agent's own failed observations, [`ERROR_MARK`](crate::tools::ERROR_MARK)) or `error:`.
 fn client_failure(output: &str) -> Option<String> {
     let text = output.trim();
-    if let Some(rest) = text.strip_prefix("Error:").or_else(|| text.strip_prefix("error:")) {
-        return Some(rest.trim().to_string()).filter(|m| !m.is_empty()).or_else(|| Some(text.to_string()));
+    let mark = crate::tools::ERROR_MARK.trim_end();
+    if let Some(rest) = text.strip_prefix(mark).or_else(|| text.strip_prefix(&mark.to_lowercase())) {
+        let message = rest.trim();
+        return Some(if message.is_empty() { text } else { message }.to_string());
     }
     let v: Value = serde_json::from_str(text).ok()?;
     let o = v.as_object().filter(|o| o.len() == 1)?;
