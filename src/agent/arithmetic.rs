@@ -41,7 +41,8 @@ fn equation() -> &'static Regex {
     RE.get_or_init(|| {
         // A number: digits with optional thousands commas and decimals, money signs allowed.
         let num = r"\$?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)";
-        let operand = format!(r"\(*\s*-?{num}\s*\)*");
+        // An operand may carry a currency after it, as a code or a sign (`42000 EUR`, `30 €`).
+        let operand = format!(r"\(*\s*-?{num}(?:\s?(?:[A-Z]{{3}}\b|€|£))?\s*\)*");
         // `x` is a times sign only with spaces around it (`7 x 12.50`; `3x-2` is algebra).
         let operator = r"\s*[-+*/×÷^]\s*|\s+x\s+";
         let pattern = format!(
@@ -111,8 +112,9 @@ fn equations(text: &str) -> impl Iterator<Item = Checked> + '_ {
             return None;
         }
         let expr: String = lhs
-            .replace([',', '$'], "")
+            .replace([',', '$', '€', '£'], "")
             .chars()
+            .filter(|ch| !ch.is_ascii_uppercase())
             .map(|ch| match ch {
                 '×' | 'x' => '*',
                 '÷' => '/',
@@ -164,6 +166,10 @@ mod tests {
         assert!(slips("2 / 3 = 0.666 and $1,200 + $350 = $1,550.").is_empty());
         assert_eq!(slips("$100 + $50 + 25 = $185.").len(), 1);
         assert_eq!(slips("Total: 3 * 4 = 13, then (3 + 4) x 2 = 14").len(), 1);
+        // A currency after an operand (a 0.5B's answer after reading a port and a budget).
+        let s = slips("8080 + 42000 EUR = 42800 EUR.");
+        assert_eq!(s.iter().map(ToString::to_string).collect::<Vec<_>>(), ["8080 + 42000 EUR is 50080, not 42800"]);
+        assert!(slips("100 USD + 50 USD = 150 USD, and 20 € + 5 € = 25 €").is_empty());
     }
 
     #[test]
