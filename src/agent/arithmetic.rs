@@ -14,6 +14,9 @@ use regex::Regex;
 pub struct Slip {
     /// The left side, as written.
     pub expression: String,
+    /// The left side as the calculator takes it: no thousands commas, money signs or currency codes,
+    /// `×` and `÷` as `*` and `/` (`8080 + 42000 EUR` is `8080 + 42000`).
+    pub evaluated: String,
     /// The result as written.
     pub written: String,
     /// The left side's value.
@@ -121,6 +124,7 @@ fn equations(text: &str) -> impl Iterator<Item = Checked> + '_ {
                 c => c,
             })
             .collect();
+        let expr = expr.split_whitespace().collect::<Vec<_>>().join(" ");
         let value = evaluate(&expr)?;
         let written = rhs.replace([',', '$'], "");
         let claimed = written.parse::<f64>().ok()?;
@@ -130,7 +134,7 @@ fn equations(text: &str) -> impl Iterator<Item = Checked> + '_ {
         let rounded = (value / unit).round() * unit;
         let cut = (value / unit).trunc() * unit;
         let right = close(claimed, value) || close(claimed, rounded) || (decimals > 0 && close(claimed, cut));
-        let slip = Slip { expression: lhs.to_string(), written: rhs.to_string(), value };
+        let slip = Slip { expression: lhs.to_string(), evaluated: expr, written: rhs.to_string(), value };
         Some(Checked { slip, claimed, right })
     })
 }
@@ -169,6 +173,9 @@ mod tests {
         // A currency after an operand (a 0.5B's answer after reading a port and a budget).
         let s = slips("8080 + 42000 EUR = 42800 EUR.");
         assert_eq!(s.iter().map(ToString::to_string).collect::<Vec<_>>(), ["8080 + 42000 EUR is 50080, not 42800"]);
+        // The calculator is given the expression without the currency.
+        assert_eq!(s[0].evaluated, "8080 + 42000");
+        assert_eq!(slips("1,200 × 3 € = 3000")[0].evaluated, "1200 * 3");
         assert!(slips("100 USD + 50 USD = 150 USD, and 20 € + 5 € = 25 €").is_empty());
     }
 

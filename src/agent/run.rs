@@ -350,7 +350,7 @@ impl Agent {
         {
             let calls = decided.decision.calls();
             self.emit(AgentEvent::CallsDropped { step: step_no, calls, grounding: g, threshold, measure });
-            match self.answer_instead(step_no, run, messages, grammars, tools, false)? {
+            match self.answer_instead(step_no, run, messages, grammars, tools, true)? {
                 Attempt::Decided(answer) => decided = merge_redecided(decided, *answer),
                 Attempt::Stop(s) => return Ok(Some(s)),
             }
@@ -519,9 +519,10 @@ impl Agent {
 
     /// The step decided again as an answer, its last decision forgotten: after a first call that was
     /// dropped, or after a decision that stopped at its choice to answer and whose reply failed. An
-    /// answer that repeats a tool's error is sent back; where `arithmetic` (the reply failed), so is one
-    /// whose arithmetic is wrong, as a call (the reply that failed for a wrong sum is mostly followed by
-    /// an answer that writes another).
+    /// answer that repeats a tool's error is sent back; where `arithmetic`, so is one whose arithmetic is
+    /// wrong, as the call that computes it (the reply that failed for a wrong sum is mostly followed by
+    /// an answer that writes another; a dropped call's answer "8080 + 42000 EUR = 42800 EUR" is the
+    /// model's own expression, which the calculator then computes).
     fn answer_instead(
         &mut self,
         step: usize,

@@ -64,6 +64,11 @@ impl Agent {
         if checked && !grounded() {
             return Ok(None);
         }
+        // After a call made to correct a wrong sum, the reply gives what it returned, or the decision's
+        // answer, written with that result in view, stays (a small model's reply restates the operands).
+        if corrected_result(run).is_some_and(|result| !numbers_given(&result, &[text])) {
+            return Ok(None);
+        }
         if let (true, Some(show)) = (checked, self.answer_text.as_mut()) {
             show(text);
         }
@@ -140,6 +145,16 @@ fn observation_of(m: &ChatMessage) -> Option<&str> {
 /// result it repeats (a repeat of a failed call has that failure before it).
 fn calls_made(run: &RunState) -> impl Iterator<Item = &CallRecord> {
     run.steps.iter().flat_map(|s| &s.calls).filter(|c| !matches!(c.outcome, CallOutcome::Repeated { .. }))
+}
+
+/// What the last step's call returned where it was made to correct a wrong sum
+/// ([`Step::corrects_arithmetic`](crate::agent::Step)) and it succeeded with a number.
+fn corrected_result(run: &RunState) -> Option<String> {
+    let step = run.steps.last().filter(|s| s.corrects_arithmetic)?;
+    match &step.calls.first()?.outcome {
+        CallOutcome::Ok { output } if output.trim().parse::<f64>().is_ok() => Some(output.trim().to_string()),
+        _ => None,
+    }
 }
 
 /// The run's calls and what each returned (or its error), as the plain chat's context.

@@ -153,7 +153,7 @@ impl Agent {
             if after_slip {
                 // Left to any call, a small model makes the call it made before (the file read again).
                 let slip = checks.slips.as_deref().and_then(|flagged| flagged.last());
-                computes = slip.and_then(|expression| self.grammar_for(expression));
+                computes = slip.and_then(|expression| self.grammar_computing(expression));
             }
             call_instead = matches!(checked, Err(Failure::CallInstead(..)));
             let error = match checked {

@@ -32,10 +32,10 @@ pub(super) fn arithmetic_slips(
         .iter()
         .filter(|m| m.role == Role::User)
         .flat_map(|m| arithmetic::slips(&m.content))
-        .map(|s| s.expression)
+        .map(|s| s.evaluated)
         .collect();
     let fresh = |text: &str| -> Vec<arithmetic::Slip> {
-        let known = |s: &arithmetic::Slip| flagged.contains(&s.expression) || said.contains(&s.expression);
+        let known = |s: &arithmetic::Slip| flagged.contains(&s.evaluated) || said.contains(&s.evaluated);
         arithmetic::slips(text).into_iter().filter(|s| !known(s)).collect()
     };
     let (what, slips) = match decision {
@@ -48,7 +48,7 @@ pub(super) fn arithmetic_slips(
     if slips.is_empty() {
         return None;
     }
-    flagged.extend(slips.iter().map(|s| s.expression.clone()));
+    flagged.extend(slips.iter().map(|s| s.evaluated.clone()));
     let found: Vec<String> = slips.iter().map(ToString::to_string).collect();
     let error = format!("the {what}'s arithmetic is wrong: {}", found.join("; "));
     Some(Failure::Arithmetic(error, serde_json::to_value(decision).unwrap_or(Value::Null)))
