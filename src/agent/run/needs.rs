@@ -69,14 +69,17 @@ impl Agent {
     }
 
     /// The grammar of the calls a tool says `expression` needs ([`Tool::needed_for`](crate::tools::Tool::needed_for)
-    /// with nothing done: the calculator for `12 + 7 + 30 + 41`), the first such need's, with each call whose one required value is a string given
-    /// that expression as written (the calculator's `8080 + 42000`): left free, a small model copies the
-    /// unit its answer wrote after a number into the call (`8080 + 42000 EUR`), which the tool refuses.
+    /// with nothing done: the calculator for `12 + 7 + 30 + 41`), the first such need's, each call whose
+    /// one required value is a string given `expression` as its only value: left free, a small model
+    /// copies the unit its answer wrote after a number into the call (`8080 + 42000 EUR`), which the
+    /// calculator refuses.
     pub(super) fn grammar_computing(&self, expression: &str) -> Option<StepGrammar> {
         let mut need = self.needs(expression, &[]).into_iter().find(|n| !n.calls.is_empty())?;
         for spec in &mut need.calls {
-            let required = spec.parameters.get("required").and_then(|r| r.as_array()).cloned().unwrap_or_default();
-            let [serde_json::Value::String(name)] = required.as_slice() else { continue };
+            let name = match spec.parameters.get("required").and_then(|r| r.as_array()).map(Vec::as_slice) {
+                Some([serde_json::Value::String(name)]) => name.clone(),
+                _ => continue,
+            };
             let pointer = format!("/properties/{name}");
             let Some(p) = spec.parameters.pointer_mut(&pointer).and_then(|p| p.as_object_mut()) else { continue };
             if p.get("type").and_then(|t| t.as_str()) == Some("string") {
