@@ -684,3 +684,34 @@ fn a_file_still_to_read_is_read_after_a_corrected_sum() {
     assert_eq!(tools, ["read_file", "calculator", "read_file"], "{:?}", t.steps);
     assert_eq!(t.final_answer.as_deref(), Some("90 + 120 = 210"));
 }
+
+/// A slip is sent back as the calculator's call on the expression as the calculator takes it (the
+/// currency code dropped), pinned: another expression is no valid decision. Once the calculator has
+/// given the sum, a reply that restates the operands without it is not the answer: the decision's
+/// answer, written with the result in view, is.
+#[test]
+fn a_slip_is_computed_as_written_and_the_reply_after_it_gives_the_result() {
+    let dir = folder();
+    std::fs::write(dir.path().join("settings.ini"), "port = 8080\nbudget = 42000 EUR\n").unwrap();
+    let script = vec![
+        ScriptItem::from(call("read_file", json!({"path": "settings.ini"}))),
+        answer("").into(),
+        ScriptItem::Words("8080 + 42000 EUR = 42800 EUR.".into()),
+        answer("8080 + 42000 EUR = 42800").into(),
+        // Not the expression the slip wrote, as the calculator takes it.
+        call("calculator", json!({"expression": "8080 + 42000 EUR"})).into(),
+        call("calculator", json!({"expression": "8080 + 42000"})).into(),
+        answer("").into(),
+        // Grounded, but without the sum the calculator gave.
+        ScriptItem::Words("The port is 8080 and the budget is 42000 EUR.".into()),
+        answer("8080 + 42000 = 50080").into(),
+    ];
+    let (t, events) = run_in(dir.path(), script, None, "What is the port in settings.ini plus the budget?");
+    let calls: Vec<String> = t.steps.iter().flat_map(|s| &s.calls).map(|c| c.call.args.to_string()).collect();
+    assert_eq!(calls, [r#"{"path":"settings.ini"}"#, r#"{"expression":"8080 + 42000"}"#], "{:?}", t.steps);
+    assert_eq!(t.final_answer.as_deref(), Some("8080 + 42000 = 50080"));
+    let refused = events.lock().unwrap().iter().any(|e| {
+        matches!(e, AgentEvent::ValidationFailed { decision, .. } if decision["args"]["expression"] == "8080 + 42000 EUR")
+    });
+    assert!(refused, "the expression with its currency code is no valid decision after the slip");
+}

@@ -32,18 +32,21 @@ impl Agent {
         // as the first attempt did (greedy stays greedy); after an answer that must be a call it calls too,
         // one of the calls the request still needs where it was given too early.
         let (mut after_slip, mut call_instead, mut too_early) = (false, false, false);
+        // Whether an attempt of this step slipped: its retries stay calls (the calculator's where one says
+        // so) until a decision stands, and the call that stands corrects the slip.
+        let mut slipped = false;
         // The grammar of the calls the pending need names, built the first time an answer comes too early.
         let mut needed: Option<StepGrammar> = None;
         // After a slip, the calls a tool says the wrong equation needs (the calculator), where one does.
         let mut computes: Option<StepGrammar> = None;
         for attempt in 0..=self.config.max_retries {
-            let retry_after_slip = after_slip;
+            let retry_after_slip = slipped;
             self.emit(AgentEvent::StepStarted { step, attempt });
             // The failed output is not kept; the retry sees the conversation plus what was wrong.
             let step_grammar = match (&needed, &computes, checks.call_only) {
                 (Some(g), _, _) if too_early => g,
-                (_, Some(g), Some(_)) if after_slip => g,
-                (_, _, Some(g)) if after_slip || call_instead => g,
+                (_, Some(g), Some(_)) if slipped => g,
+                (_, _, Some(g)) if slipped || call_instead => g,
                 _ => schema,
             };
             let mut request_messages = messages.to_vec();
@@ -150,6 +153,7 @@ impl Agent {
                 Err(e) => Err(e),
             };
             after_slip = matches!(checked, Err(Failure::Arithmetic(..)));
+            slipped |= after_slip;
             if after_slip {
                 // Left to any call, a small model makes the call it made before (the file read again).
                 let slip = checks.slips.as_deref().and_then(|flagged| flagged.last());
