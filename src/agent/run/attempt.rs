@@ -28,8 +28,8 @@ impl Agent {
     ) -> Result<Attempt> {
         let mut feedback: Option<String> = None;
         let mut last_error = String::new();
-        // After an arithmetic slip the retry calls a tool where there is a call-only grammar, and decodes
-        // as the first attempt did (greedy stays greedy); after an answer that must be a call it calls too,
+        // After an arithmetic slip the retries call a tool where there is a call-only grammar, the one right
+        // after it decoded as the first attempt was (greedy stays greedy); after an answer that must be a call it calls too,
         // one of the calls the request still needs where it was given too early.
         let (mut after_slip, mut call_instead, mut too_early) = (false, false, false);
         // Whether an attempt of this step slipped: its retries stay calls (the calculator's where one says
@@ -40,7 +40,6 @@ impl Agent {
         // After a slip, the calls a tool says the wrong equation needs (the calculator), where one does.
         let mut computes: Option<StepGrammar> = None;
         for attempt in 0..=self.config.max_retries {
-            let retry_after_slip = slipped;
             self.emit(AgentEvent::StepStarted { step, attempt });
             // The failed output is not kept; the retry sees the conversation plus what was wrong.
             let step_grammar = match (&needed, &computes, checks.call_only) {
@@ -163,7 +162,7 @@ impl Agent {
             let error = match checked {
                 Ok(decision) => {
                     let (decision, cut) = decision.until_repeated_call();
-                    let corrects_arithmetic = retry_after_slip && !matches!(decision, Decision::FinalAnswer { .. });
+                    let corrects_arithmetic = slipped && !matches!(decision, Decision::FinalAnswer { .. });
                     let text = self.kept_text(&out.text, &decision, cut)?;
                     return Ok(Attempt::Decided(Box::new(Decided {
                         decision,
