@@ -13,7 +13,7 @@ use common::tiny_long_path;
 use reagent::agent::ModelDriver;
 use reagent::model::Arch;
 use reagent::serve::{ServeOptions, Server};
-use reagent::{LoadOptions, Model, Sampling};
+use reagent::{LanguageModel, LoadOptions, Model, Sampling};
 use serde_json::{json, Value};
 
 fn server(opts: ServeOptions) -> Server {
@@ -765,4 +765,90 @@ fn a_failing_server_gives_the_agents_own_failures_and_retries() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// `POST /v1/completions`: a prompt (text with special tokens, or token ids) continued in the legacy API's
+/// shapes, streamed or whole, under a grammar and a `logit_bias`; what the server does not do is refused
+/// naming the field.
+#[test]
+fn completions_continue_a_prompt_under_a_grammar_and_a_logit_bias() {
+    let s = server(ServeOptions::default());
+    let a = s.addr();
+    let complete = |body: &Value| {
+        let (status, text) = http(a, "POST", "/v1/completions", body.to_string().as_bytes(), &[]);
+        (status, serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    };
+    let prompt = "<|im_start|>user\nyes or no?<|im_end|>\n<|im_start|>assistant\n";
+    let (status, r) = complete(&json!({"prompt": prompt, "max_tokens": 10, "temperature": 0}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "text_completion");
+    let free = r["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(["stop", "length"].contains(&r["choices"][0]["finish_reason"].as_str().unwrap()));
+    assert!(r["usage"]["prompt_tokens"].as_u64().unwrap() > 5);
+
+    // The same prompt as token ids, its special tokens read as those tokens: the same continuation.
+    let model = Model::load(tiny_long_path(Arch::Qwen2), &LoadOptions::default()).unwrap();
+    let tok = model.tokenizer();
+    let mut ids: Vec<u32> = tok.bos().filter(|_| tok.add_bos()).into_iter().collect();
+    ids.extend(tok.encode(prompt, true).unwrap());
+    let (status, r) = complete(&json!({"prompt": ids, "max_tokens": 10, "temperature": 0}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["text"], free);
+    assert_eq!(r["usage"]["prompt_tokens"], ids.len());
+
+    // Streamed: `text` chunks that add up to the same continuation, then [DONE].
+    let body = json!({"prompt": prompt, "max_tokens": 10, "temperature": 0, "stream": true});
+    let (status, sse) = http(a, "POST", "/v1/completions", body.to_string().as_bytes(), &[]);
+    assert_eq!(status, 200);
+    let data: Vec<&str> = sse.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{sse}");
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"), "{sse}");
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, free);
+
+    // Under a grammar, then with the chosen word's first token pushed down by `logit_bias`: the other.
+    let grammar = json!({"grammar": "start: \"yes\" | \"no\""});
+    let (status, r) = complete(&json!({"prompt": prompt, "temperature": 0, "structured_outputs": grammar}));
+    assert_eq!(status, 200, "{r}");
+    let word = r["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(word == "yes" || word == "no", "{word}");
+    let first = tok.encode(&word, false).unwrap()[0];
+    let bias = json!({first.to_string(): -100});
+    let body = json!({"prompt": prompt, "temperature": 0, "structured_outputs": grammar, "logit_bias": bias});
+    let (status, r) = complete(&body);
+    assert_eq!(status, 200, "{r}");
+    let other = if word == "yes" { "no" } else { "yes" };
+    assert_eq!(r["choices"][0]["text"], other);
+    // A chat request takes `logit_bias` too.
+    let user = json!([{"role": "user", "content": "yes or no?"}]);
+    let chat = |bias: &Value| {
+        let body = json!({"messages": user, "temperature": 0, "structured_outputs": grammar, "logit_bias": bias});
+        let (status, r) = post(a, &body);
+        assert_eq!(status, 200, "{r}");
+        r["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    let said = chat(&json!({}));
+    let pushed = json!({tok.encode(&said, false).unwrap()[0].to_string(): -100});
+    assert_ne!(chat(&pushed), said);
+
+    let vocab = model.vocab_size();
+    for (body, field) in [
+        (json!({"max_tokens": 4}), "prompt"),
+        (json!({"prompt": []}), "prompt"),
+        (json!({"prompt": ["a", "b"]}), "prompt"),
+        (json!({"prompt": [1, vocab + 5]}), "prompt"),
+        (json!({"prompt": "a", "messages": [{"role": "user", "content": "a"}]}), "messages"),
+        (json!({"prompt": "a", "echo": true}), "echo"),
+        (json!({"prompt": "a", "logprobs": 5}), "logprobs"),
+        (json!({"prompt": "a", "logit_bias": {"x": 1}}), "logit_bias"),
+        (json!({"prompt": "a", "logit_bias": {"7": 200}}), "logit_bias.7"),
+        (json!({"prompt": "a", "logit_bias": {(vocab + 1).to_string(): 1}}), "logit_bias"),
+    ] {
+        let (status, r) = complete(&body);
+        assert_eq!(status, 400, "{body}: {r}");
+        assert_eq!(r["error"]["param"], field, "{body}: {r}");
+    }
+    // The server serves on.
+    assert_eq!(complete(&json!({"prompt": prompt, "max_tokens": 2})).0, 200);
 }

@@ -39,6 +39,9 @@ pub struct GenerateParams {
     /// The output is the same as without (to the batched kernels' float summation order); 0 turns it off.
     /// Only where the model has a batched step ([`LanguageModel::verify_batch`]).
     pub speculate: usize,
+    /// Added to these tokens' logits at every sampled position (an API's `logit_bias`); forced tokens
+    /// are not sampled and take none.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// The default [`GenerateParams::speculate`].
@@ -54,6 +57,7 @@ impl Default for GenerateParams {
             ignore_eos: false,
             close_within: CLOSE_WITHIN,
             speculate: SPECULATE,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -66,6 +70,7 @@ setters!(GenerateParams {
     ignore_eos: bool,
     close_within: usize,
     speculate: usize,
+    logit_bias: Vec<(u32, f32)>,
 });
 
 /// Why generation ended.
@@ -309,6 +314,11 @@ pub fn generate(
                     drafts.extend(draft.iter().copied().zip(rows));
                     spec.drafted += draft.len();
                     batch_accepted = 0;
+                }
+            }
+            for &(id, bias) in &params.logit_bias {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l += bias;
                 }
             }
             if let Some(c) = constraint.as_deref_mut() {

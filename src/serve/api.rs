@@ -121,7 +121,22 @@ pub struct ChatRequest {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Added to the logits of these tokens at every sampled position (`logit_bias`, -100 to 100).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// A completions request's prompt (`POST /v1/completions`), in place of `messages`.
+    pub prompt: Option<Prompt>,
 }
+
+/// The prompt of `POST /v1/completions`: text, whose special tokens' texts (`<|im_start|>`) are read as
+/// those tokens (as llama.cpp's and vLLM's servers read them), or token ids, taken as they are.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// The most entries of a `logit_bias`.
+const MAX_LOGIT_BIAS: usize = 1024;
 
 type Res<T> = std::result::Result<T, ApiError>;
 
@@ -271,6 +286,24 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
         Some(_) => return Err(ApiError::bad("stream_options", "must be an object")),
     };
     let parallel_tool_calls = opt_bool(&o, "parallel_tool_calls")?.unwrap_or(true);
+    let logit_bias = match o.get("logit_bias") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(m)) if m.len() > MAX_LOGIT_BIAS => {
+            return Err(ApiError::bad("logit_bias", format!("{} entries; at most {MAX_LOGIT_BIAS}", m.len())))
+        }
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| {
+                let id =
+                    k.parse::<u32>().map_err(|_| ApiError::bad("logit_bias", format!("`{k}` is not a token id")))?;
+                match v.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                    _ => Err(ApiError::bad(format!("logit_bias.{id}"), "must be a number from -100 to 100")),
+                }
+            })
+            .collect::<Res<Vec<_>>>()?,
+        Some(_) => return Err(ApiError::bad("logit_bias", "must be an object of token ids and biases")),
+    };
     Ok(ChatRequest {
         model,
         messages,
@@ -285,7 +318,64 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
         stop,
         stream,
         include_usage,
+        logit_bias,
+        prompt: None,
     })
+}
+
+/// Reads a `POST /v1/completions` body: its prompt, and the sampling, length, stop, stream and
+/// constraint fields as a chat request reads them. What the legacy API has and reagent does not
+/// (`echo`, `suffix`, `logprobs`, `best_of` over 1, several prompts) is refused, naming the field.
+pub fn parse_completions(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad("body", format!("the body is not JSON: {e}")))?;
+    let Value::Object(mut o) = v else { return Err(ApiError::bad("body", "the body must be a JSON object")) };
+    for field in ["messages", "tools", "tool_choice", "suffix"] {
+        if o.get(field).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad(
+                field,
+                "is not a field of completions (chat requests go to /v1/chat/completions)",
+            ));
+        }
+    }
+    if opt_bool(&o, "echo")? == Some(true) {
+        return Err(ApiError::bad("echo", "echoing the prompt is not supported"));
+    }
+    if o.get("logprobs").is_some_and(|v| !v.is_null() && v != &Value::from(0)) {
+        return Err(ApiError::bad("logprobs", "log-probabilities are not supported"));
+    }
+    if o.get("best_of").is_some_and(|v| !v.is_null() && v.as_u64() != Some(1)) {
+        return Err(ApiError::bad("best_of", "only best_of = 1 is supported"));
+    }
+    let too_long = |n: usize| n > limits.max_body_bytes;
+    let prompt = match o.remove("prompt") {
+        Some(Value::String(s)) => Prompt::Text(s),
+        Some(Value::Array(a)) => match a.as_slice() {
+            [Value::String(s)] => Prompt::Text(s.clone()),
+            [] => return Err(ApiError::bad("prompt", "must not be empty")),
+            ids if ids.iter().all(Value::is_u64) && !too_long(ids.len()) => Prompt::Tokens(
+                ids.iter()
+                    .map(|i| i.as_u64().and_then(|i| u32::try_from(i).ok()))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| ApiError::bad("prompt", "a token id is out of range"))?,
+            ),
+            [_, _, ..] if a.iter().all(Value::is_string) => {
+                return Err(ApiError::bad("prompt", "one prompt per request (this server answers n = 1)"))
+            }
+            _ => return Err(ApiError::bad("prompt", "must be a string or an array of token ids")),
+        },
+        Some(Value::Null) | None => return Err(ApiError::bad("prompt", "is required")),
+        Some(_) => return Err(ApiError::bad("prompt", "must be a string or an array of token ids")),
+    };
+    // The rest is read as a chat request's (one placeholder turn, dropped after).
+    o.insert("messages".into(), serde_json::json!([{"role": "user", "content": ""}]));
+    o.remove("logprobs");
+    o.remove("best_of");
+    o.remove("echo");
+    let mut req = parse_chat(Value::Object(o).to_string().as_bytes(), limits)?;
+    req.messages.clear();
+    req.prompt = Some(prompt);
+    Ok(req)
 }
 
 fn opt_str<'a>(o: &'a Map<String, Value>, key: &str) -> Res<Option<&'a str>> {

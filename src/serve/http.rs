@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::api::{parse_chat, ApiError, ChatRequest};
+use super::api::{parse_chat, parse_completions, ApiError, ChatRequest};
 use super::responses::{self, parse_responses, EventStream, ResponseMeta};
 use super::worker::{Completion, Event, Job};
 use super::{Metrics, ServeOptions};
@@ -35,6 +35,7 @@ type Shared = Arc<AppState>;
 pub(super) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses))
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -135,11 +136,25 @@ fn now_secs() -> u64 {
 }
 
 async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    answer(st, headers, body, false).await
+}
+
+/// `POST /v1/completions`: a prompt continued, in the legacy completions API's shapes.
+async fn completions(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    answer(st, headers, body, true).await
+}
+
+/// A chat request, or (`text`) a completions request.
+async fn answer(st: Shared, headers: HeaderMap, body: Body, text: bool) -> Response {
     let bytes = match authorized_body(&st, &headers, body).await {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let req = match parse_chat(&bytes, &st.opts.limits) {
+    let parsed = match text {
+        true => parse_completions(&bytes, &st.opts.limits),
+        false => parse_chat(&bytes, &st.opts.limits),
+    };
+    let req = match parsed {
         Ok(r) => r,
         Err(e) => return error(&st, &e),
     };
@@ -149,10 +164,11 @@ async fn chat(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Respo
         Err(r) => return r,
     };
     let meta = Meta {
-        id: format!("chatcmpl-{:016x}", rand::random::<u64>()),
+        id: format!("{}-{:016x}", if text { "cmpl" } else { "chatcmpl" }, rand::random::<u64>()),
         created: now_secs(),
         model: st.opts.model_name.clone(),
         started: Instant::now(),
+        text,
     };
     match stream {
         true => streamed(st, rx, meta, include_usage, guard).await,
@@ -257,10 +273,17 @@ struct Meta {
     created: u64,
     model: String,
     started: Instant,
+    /// A completions request's: its chunks carry `text`, not a message's delta.
+    text: bool,
 }
 
 impl Meta {
     fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        if self.text {
+            let text = delta.get("content").and_then(Value::as_str).unwrap_or_default();
+            return json!({"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                          "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]});
+        }
         json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                "system_fingerprint": null,
                "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
@@ -314,6 +337,15 @@ async fn whole(st: Shared, mut rx: UnboundedReceiver<Event>, meta: Meta, _guard:
         Ok(c) => c,
         Err(r) => return r,
     };
+    if meta.text {
+        let text = c.content.clone().unwrap_or_default();
+        return Json(json!({
+            "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": c.finish_reason}],
+            "usage": usage(&c),
+        }))
+        .into_response();
+    }
     let mut message = json!({"role": "assistant", "content": c.content, "refusal": null});
     if let Some(r) = &c.reasoning {
         message["reasoning_content"] = json!(r);
@@ -416,13 +448,14 @@ async fn streamed(
     if let Some(Event::Failed(e)) = &first_event {
         return error(&st, e);
     }
-    let first = meta.chunk(json!({"role": "assistant", "content": ""}), None).to_string();
+    // A chat stream opens with the assistant's role; a completion's has none.
+    let first = (!meta.text).then(|| meta.chunk(json!({"role": "assistant", "content": ""}), None).to_string());
     let mut state = Streaming {
         st,
         rx,
         meta,
         include_usage,
-        pending: VecDeque::from([first]),
+        pending: first.into_iter().collect(),
         streamed_text: String::new(),
         done: false,
         _guard: guard,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::api::{ApiError, ChatRequest, Choice, Format, Message};
+use super::api::{ApiError, ChatRequest, Choice, Format, Message, Prompt};
 use super::Metrics;
 use crate::agent::decision::{DecisionFormat, ToolChoice};
 use crate::agent::driver::{DecisionRequest, Driver, DriverOutput, ModelDriver};
@@ -112,7 +112,7 @@ impl Worker {
 
     fn serve(&mut self, job: &Job) -> Res<Completion> {
         let req = &job.req;
-        match req.tools.is_empty() || req.choice == Choice::None {
+        match req.prompt.is_some() || req.tools.is_empty() || req.choice == Choice::None {
             true => self.chat(req, &job.events, &job.cancel),
             false => self.decide(req, &job.events),
         }
@@ -124,17 +124,42 @@ impl Worker {
         let engine = driver.engine().cloned();
         let model = driver.model();
         let tok = model.tokenizer().clone();
-        let messages = flatten(&req.messages, None);
-        // A template that refuses the conversation (roles out of the order it wants) refuses the request.
-        let prompt = model
-            .chat_template()
-            .render_tokens(&tok, &messages, true, None)
-            .map_err(|e| ApiError::bad("messages", crate::error::one_line(&e.to_string())))?;
+        let vocab = model.vocab_size();
+        let prompt = match &req.prompt {
+            // A completion's text as llama.cpp's server reads it: special tokens' texts are those tokens,
+            // after the BOS the model's tokenizer adds.
+            Some(Prompt::Text(text)) => {
+                let mut ids: Vec<u32> = tok.bos().filter(|_| tok.add_bos()).into_iter().collect();
+                ids.extend(
+                    tok.encode(text, true)
+                        .map_err(|e| ApiError::bad("prompt", crate::error::one_line(&e.to_string())))?,
+                );
+                ids
+            }
+            Some(Prompt::Tokens(ids)) => match ids.iter().find(|&&id| id as usize >= vocab) {
+                Some(id) => {
+                    return Err(ApiError::bad("prompt", format!("token {id} is past the vocabulary ({vocab})")))
+                }
+                None => ids.clone(),
+            },
+            // A template that refuses the conversation (roles out of the order it wants) refuses the request.
+            None => model
+                .chat_template()
+                .render_tokens(&tok, &flatten(&req.messages, None), true, None)
+                .map_err(|e| ApiError::bad("messages", crate::error::one_line(&e.to_string())))?,
+        };
+        if let Some((id, _)) = req.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            return Err(ApiError::bad("logit_bias", format!("token {id} is past the vocabulary ({vocab})")));
+        }
+        let field = if req.prompt.is_some() { "prompt" } else { "messages" };
         let capacity = model.context_length();
+        if prompt.is_empty() {
+            return Err(ApiError::bad(field, "has no tokens"));
+        }
         if prompt.len() >= capacity {
             return Err(ApiError::bad(
-                "messages",
-                format!("the conversation takes {} tokens; the model's context holds {capacity}", prompt.len()),
+                field,
+                format!("the prompt takes {} tokens; the model's context holds {capacity}", prompt.len()),
             ));
         }
         let room = capacity - prompt.len();
@@ -161,7 +186,8 @@ impl Worker {
             .max_tokens(max_tokens)
             .sampling(sampling)
             .seed(req.seed.unwrap_or_else(rand::random))
-            .stop_strings(req.stop.clone());
+            .stop_strings(req.stop.clone())
+            .logit_bias(req.logit_bias.clone());
         let stops = model.stop_tokens().to_vec();
         // The conversation's prefix in the KV cache: the last request's, or a recent conversation's.
         let (cached, _) = driver.prepare_prefix(&prompt);
