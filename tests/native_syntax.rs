@@ -348,3 +348,48 @@ fn a_call_the_native_score_chose_and_the_support_dropped_is_answered_in_the_mode
     // answer then stands).
     assert!(!replies.lock().unwrap().is_empty(), "the model's own reply was not asked for");
 }
+
+/// A native decision on a remote model whose file is here: rendered here, sent to `/v1/completions` as
+/// token ids under the native grammar, the same decision as in process (no branch biases, which the
+/// server applies otherwise).
+#[test]
+fn a_remote_native_decision_is_the_decision_made_in_process() {
+    use reagent::agent::{Driver, RemoteConstraint, RemoteDriver};
+    use reagent::catalog::Profile;
+    use reagent::serve::{ServeOptions, Server};
+    let path = || common::scratch().join("tiny-syntax-qwen.gguf");
+    let serving = ModelDriver::constrained(tiny_with("qwen", QWEN), Sampling::Greedy, 0).unwrap();
+    let s = Server::start(serving, ServeOptions::default().host("127.0.0.1".into()).port(0)).unwrap();
+    let weather = || {
+        let spec = ToolSpec::new(
+            "get_weather",
+            "Current weather of a city",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        )
+        .unwrap();
+        std::sync::Arc::new(FnTool::new(spec, |_| Ok(json!("sunny")))) as std::sync::Arc<dyn reagent::Tool>
+    };
+    let mut config = AgentConfig::for_model(None, Profile::SingleDecision, true).unwrap();
+    config.format = DecisionFormat::Native;
+    config.branch_biases = Default::default();
+    config.tool_choice = ToolChoice::Required;
+    let config = config.max_steps(1);
+    let question = "What is the weather in Paris?";
+    let local = ModelDriver::constrained(tiny_with("qwen", QWEN), Sampling::Greedy, 0).unwrap();
+    let syntax = local.call_syntax();
+    assert!(syntax.is_some(), "the test model's template renders calls");
+    let mut agent = Agent::builder().driver(local).tools([weather()]).config(config.clone()).build().unwrap();
+    let here = agent.run(question).unwrap();
+    let url = format!("http://{}/v1", s.addr());
+    let remote =
+        RemoteDriver::new(&url, "tiny", RemoteConstraint::Grammar, std::time::Duration::from_secs(120)).unwrap();
+    // Without the file, the remote model has no call syntax: native decisions are refused at build.
+    assert!(remote.call_syntax().is_none());
+    let remote = remote.with_template(&path()).unwrap();
+    assert_eq!(remote.call_syntax(), syntax);
+    let mut agent = Agent::builder().driver(remote).tools([weather()]).config(config).build().unwrap();
+    let there = agent.run(question).unwrap();
+    assert!(!here.steps[0].decision.calls().is_empty(), "{:?}", here.steps[0]);
+    assert_eq!(there.steps[0].decision, here.steps[0].decision);
+    assert_eq!(there.steps[0].stats.prompt_tokens, here.steps[0].stats.prompt_tokens);
+}

@@ -832,6 +832,16 @@ fn completions_continue_a_prompt_under_a_grammar_and_a_logit_bias() {
     let pushed = json!({tok.encode(&said, false).unwrap()[0].to_string(): -100});
     assert_ne!(chat(&pushed), said);
 
+    // A control token's text only where asked: `<|im_start|>` pushed up by `logit_bias`.
+    let start = tok.encode("<|im_start|>", true).unwrap();
+    assert_eq!(start.len(), 1);
+    let up = json!({start[0].to_string(): 100});
+    let body = |skip: bool| json!({"prompt": prompt, "max_tokens": 2, "logit_bias": up, "skip_special_tokens": skip});
+    let (_, r) = complete(&body(false));
+    assert!(r["choices"][0]["text"].as_str().unwrap().contains("<|im_start|>"), "{r}");
+    let (_, r) = complete(&body(true));
+    assert!(!r["choices"][0]["text"].as_str().unwrap().contains("<|im_start|>"), "{r}");
+
     let vocab = model.vocab_size();
     for (body, field) in [
         (json!({"max_tokens": 4}), "prompt"),
@@ -844,6 +854,7 @@ fn completions_continue_a_prompt_under_a_grammar_and_a_logit_bias() {
         (json!({"prompt": "a", "logit_bias": {"x": 1}}), "logit_bias"),
         (json!({"prompt": "a", "logit_bias": {"7": 200}}), "logit_bias.7"),
         (json!({"prompt": "a", "logit_bias": {(vocab + 1).to_string(): 1}}), "logit_bias"),
+        (json!({"prompt": "a", "stream": true, "skip_special_tokens": false}), "skip_special_tokens"),
     ] {
         let (status, r) = complete(&body);
         assert_eq!(status, 400, "{body}: {r}");

@@ -200,6 +200,15 @@ pub(super) fn remote_driver(
     let mut driver = reagent::agent::RemoteDriver::new(url, name.clone(), constraint, timeout)?
         .api_key(r.api_key.clone())
         .catalog_entry(entry);
+    // The model's file here (a catalog name in the cache, or a path): its template makes native decisions
+    // possible under a grammar. Not fetched for this.
+    let here = model.and_then(|m| {
+        let opts = reagent::catalog::FetchOptions::default().download(false);
+        reagent::catalog::resolve(&reagent::catalog::Catalog::builtin(), m, &opts).ok()
+    });
+    if let Some(path) = here {
+        driver = driver.with_template(&path)?;
+    }
     let how = match probe {
         true => format!("{}, probed", driver.probe()?),
         false => constraint.to_string(),

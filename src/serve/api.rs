@@ -125,6 +125,9 @@ pub struct ChatRequest {
     pub logit_bias: Vec<(u32, f32)>,
     /// A completions request's prompt (`POST /v1/completions`), in place of `messages`.
     pub prompt: Option<Prompt>,
+    /// Control tokens' texts kept in a generation's text (`skip_special_tokens: false`, vLLM's field; not
+    /// streamed): a client that reads a model's call syntax (`<tool_call>`) itself.
+    pub special_text: bool,
 }
 
 /// The prompt of `POST /v1/completions`: text, whose special tokens' texts (`<|im_start|>`) are read as
@@ -286,6 +289,10 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
         Some(_) => return Err(ApiError::bad("stream_options", "must be an object")),
     };
     let parallel_tool_calls = opt_bool(&o, "parallel_tool_calls")?.unwrap_or(true);
+    let special_text = !opt_bool(&o, "skip_special_tokens")?.unwrap_or(true);
+    if special_text && stream {
+        return Err(ApiError::bad("skip_special_tokens", "false is not supported with stream"));
+    }
     let logit_bias = match o.get("logit_bias") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(m)) if m.len() > MAX_LOGIT_BIAS => {
@@ -320,6 +327,7 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
         include_usage,
         logit_bias,
         prompt: None,
+        special_text,
     })
 }
 

@@ -200,6 +200,14 @@ impl Worker {
         })
         .map_err(server_error)?;
         driver.set_cached(prompt.iter().chain(&g.tokens).copied().collect());
+        // The text with its control tokens', where asked (the stop token that ended it aside).
+        let text = match req.special_text {
+            true => {
+                let ids: Vec<u32> = g.tokens.iter().filter(|t| !stops.contains(t)).copied().collect();
+                tok.decode(&ids, true).map_err(server_error)?
+            }
+            false => g.text.clone(),
+        };
         let finish_reason = match g.stop {
             FinishReason::MaxTokens | FinishReason::ContextFull => "length",
             FinishReason::Interrupted => {
@@ -208,7 +216,7 @@ impl Worker {
             _ => "stop",
         };
         Ok(Completion {
-            content: Some(g.text),
+            content: Some(text),
             calls: Vec::new(),
             finish_reason,
             prompt_tokens: prompt.len(),

@@ -6,4 +6,4 @@ mod model;
 mod spm;
 pub mod tokenizer;
 
-pub use model::Model;
+pub use model::{template_of_file, Model};

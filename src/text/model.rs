@@ -123,3 +123,16 @@ impl LanguageModel for Model {
         self.lm.verify_batch()
     }
 }
+
+/// The tokenizer and chat template of the GGUF file at `path`, read from its metadata (the weights are
+/// not read): a model served elsewhere whose prompts are rendered here.
+pub fn template_of_file(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
+    let g = GgufFile::open(path)?;
+    let tokenizer = Tokenizer::from_gguf(&g)?;
+    let template = match g.str_opt("tokenizer.chat_template")? {
+        Some(t) => t.to_string(),
+        None => chat::fallback_template(Arch::of(&g)?.as_str()).to_string(),
+    };
+    let chat = ChatTemplate::new(&template, &tokenizer)?.with_origin(path.display().to_string());
+    Ok((tokenizer, chat))
+}

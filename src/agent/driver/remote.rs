@@ -86,6 +86,19 @@ pub struct RemoteDriver {
     /// The schema goes as `{"type": "json_object", "schema": …}` (llama-cpp-python's server, which refuses
     /// `json_schema`): switched to after the first refusal that names the type.
     schema_in_json_object: bool,
+    /// The served model's template and tokenizer, read here from its file: native decisions
+    /// ([`with_template`](Self::with_template)).
+    local: Option<std::sync::Arc<Local>>,
+}
+
+/// What native decisions on a remote model need from its file: the prompt rendered and tokenized here,
+/// as the model in process would have it, and sent to `/completions` as token ids.
+struct Local {
+    template: crate::text::chat::ChatTemplate,
+    tok: crate::text::tokenizer::Tokenizer,
+    syntax: Option<CallSyntax>,
+    /// The tokens that start a call in that syntax (its open marker), where the call bias goes.
+    call_starts: Vec<u32>,
 }
 
 impl std::fmt::Debug for RemoteDriver {
@@ -118,7 +131,71 @@ impl RemoteDriver {
             backoff,
             entry: None,
             schema_in_json_object: false,
+            local: None,
         })
+    }
+
+    /// Reads the served model's chat template and tokenizer from its GGUF file at `path` (the weights
+    /// are not read), so that decisions can be made in the model's own call syntax: under `--constraint
+    /// grammar`, each is rendered here and sent to `/completions` as token ids with the native grammar
+    /// (as `reagent serve` and vLLM take it), the call bias as a `logit_bias` on the call marker.
+    pub fn with_template(mut self, path: &std::path::Path) -> Result<Self> {
+        let (tok, template) = crate::text::template_of_file(path)?;
+        let syntax = CallSyntax::of(&template, &tok);
+        let call_starts = syntax.as_ref().map(|s| crate::agent::native::NativeTokens::of(&tok, s).call_starts);
+        self.local =
+            Some(std::sync::Arc::new(Local { template, tok, syntax, call_starts: call_starts.unwrap_or_default() }));
+        Ok(self)
+    }
+
+    /// A native decision: the prompt rendered here with the tools, continued at `/completions` under the
+    /// decision's grammar, with its control tokens' texts (the call markers) kept.
+    fn native(&self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
+        let started = Instant::now();
+        let Some(local) = self.local.as_ref().filter(|l| l.syntax.is_some()) else {
+            return Err(Error::param(
+                "decision format",
+                "native decisions on a remote model need its chat template here (--model naming its file); use react",
+            ));
+        };
+        let Grammar::Lark(lark) = req.grammar else {
+            return Err(Error::param("decision format", "a native decision's grammar is a Lark grammar"));
+        };
+        let prompt = local.template.render_tokens(&local.tok, req.messages, true, req.tools)?;
+        let mut body = json!({
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": req.max_tokens,
+            "temperature": 0,
+            "skip_special_tokens": false,
+            "structured_outputs": {"grammar": lark},
+        });
+        // The call bias where a call starts (the first call's and any after it alike: the more-calls
+        // bias, which needs the grammar's position, is not applied).
+        if req.biases.call != 0.0 && !local.call_starts.is_empty() {
+            let bias: serde_json::Map<String, Value> = local
+                .call_starts
+                .iter()
+                .map(|t| (t.to_string(), json!(req.biases.call.clamp(-100.0, 100.0))))
+                .collect();
+            body["logit_bias"] = Value::Object(bias);
+        }
+        let resp = self.post_to("completions", &body)?;
+        let choice = resp.pointer("/choices/0").ok_or_else(|| Error::Remote {
+            endpoint: self.base.clone(),
+            problem: format!("the response has no choices: {}", excerpt(&resp.to_string())),
+        })?;
+        let text = choice.get("text").and_then(Value::as_str).unwrap_or_default().to_string();
+        let complete = choice.get("finish_reason").and_then(Value::as_str) == Some("stop");
+        let count = |p: &str| resp.pointer(p).and_then(Value::as_u64).unwrap_or(0) as usize;
+        let stats = DecisionStats {
+            prompt_tokens: prompt.len(),
+            reused_tokens: count("/usage/prompt_tokens_details/cached_tokens"),
+            generated_tokens: count("/usage/completion_tokens"),
+            seconds: started.elapsed().as_secs_f64(),
+            ..DecisionStats::default()
+        };
+        Ok(DriverOutput::new(text, complete, stats))
     }
 
     /// Sent as `Authorization: Bearer KEY`.
@@ -258,7 +335,12 @@ impl RemoteDriver {
     /// Posts `body` to `/chat/completions`; the response's JSON. Transport errors, 429s and 5xxs are
     /// tried again, then are [`Error::EndpointDown`]; a 4xx is not tried again.
     fn post(&self, body: &Value) -> Result<Value> {
-        let url = format!("{}/chat/completions", self.base);
+        self.post_to("chat/completions", body)
+    }
+
+    /// [`post`](Self::post) to `/ROUTE`.
+    fn post_to(&self, route: &str, body: &Value) -> Result<Value> {
+        let url = format!("{}/{route}", self.base);
         let fail = |problem: String| Error::Remote { endpoint: self.base.clone(), problem };
         let mut wait = self.backoff;
         let mut attempt = 0;
@@ -441,6 +523,9 @@ impl Driver for RemoteDriver {
         if req.think_budget > 0 {
             return Err(Error::param("think budget", "not available on a remote model"));
         }
+        if req.format == DecisionFormat::Native {
+            return self.native(req);
+        }
         let bias = req.biases.call;
         match req.grammar {
             Grammar::JsonSchema(s)
@@ -471,9 +556,18 @@ impl Driver for RemoteDriver {
         self.entry.clone()
     }
 
-    /// The server's template is not known here: decisions are ReAct, whose text any model can write.
+    /// The model's own call syntax where its template was read here ([`RemoteDriver::with_template`])
+    /// and the server takes grammars; else none: decisions are ReAct, whose text any model can write.
     fn call_syntax(&self) -> Option<CallSyntax> {
-        None
+        let local = self.local.as_ref().filter(|_| self.constraint == RemoteConstraint::Grammar)?;
+        local.syntax.clone()
+    }
+
+    fn observation_role(&self) -> Role {
+        match self.call_syntax() {
+            Some(_) => Role::Tool,
+            None => Role::User,
+        }
     }
 }
 
