@@ -60,7 +60,11 @@ fn dechunk(mut s: &str) -> String {
 }
 
 fn post(addr: SocketAddr, body: &Value) -> (u16, Value) {
-    let (status, text) = http(addr, "POST", "/v1/chat/completions", body.to_string().as_bytes(), &[]);
+    post_to(addr, "/v1/chat/completions", body)
+}
+
+fn post_to(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = http(addr, "POST", path, body.to_string().as_bytes(), &[]);
     (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
 }
 
@@ -774,10 +778,7 @@ fn a_failing_server_gives_the_agents_own_failures_and_retries() {
 fn completions_continue_a_prompt_under_a_grammar_and_a_logit_bias() {
     let s = server(ServeOptions::default());
     let a = s.addr();
-    let complete = |body: &Value| {
-        let (status, text) = http(a, "POST", "/v1/completions", body.to_string().as_bytes(), &[]);
-        (status, serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
-    };
+    let complete = |body: &Value| post_to(a, "/v1/completions", body);
     let prompt = "<|im_start|>user\nyes or no?<|im_end|>\n<|im_start|>assistant\n";
     let (status, r) = complete(&json!({"prompt": prompt, "max_tokens": 10, "temperature": 0}));
     assert_eq!(status, 200, "{r}");

@@ -332,13 +332,7 @@ impl ModelDriver {
     /// A generation's text, with the control tokens it wrote other than those that end it: a call
     /// syntax's markers may be control tokens (`<|tool_call|>`), which plain text leaves out.
     fn text_of(&self, g: Generation) -> String {
-        let (tok, stops) = (self.model.tokenizer(), self.model.stop_tokens());
-        let kept = |t: &&u32| !stops.contains(t);
-        if !g.tokens.iter().filter(kept).any(|&t| tok.is_special(t)) {
-            return g.text;
-        }
-        let ids: Vec<u32> = g.tokens.iter().filter(kept).copied().collect();
-        tok.decode(&ids, true).unwrap_or(g.text)
+        g.text_with_control_tokens(self.model.tokenizer(), self.model.stop_tokens())
     }
 
     /// The model's call syntax, read from its template once.

@@ -143,6 +143,19 @@ pub struct Generation {
     pub stats: GenerationStats,
 }
 
+impl Generation {
+    /// The text with the control tokens it wrote other than `stops` (those that end it): a call
+    /// syntax's markers may be control tokens (`<|tool_call|>`), which [`text`](Self::text) leaves out.
+    pub fn text_with_control_tokens(self, tok: &Tokenizer, stops: &[u32]) -> String {
+        let kept = |t: &&u32| !stops.contains(t);
+        if !self.tokens.iter().filter(kept).any(|&t| tok.is_special(t)) {
+            return self.text;
+        }
+        let ids: Vec<u32> = self.tokens.iter().filter(kept).copied().collect();
+        tok.decode(&ids, true).unwrap_or(self.text)
+    }
+}
+
 /// Runs `prompt` through the model in chunks starting at `pos`; returns the last logits, or `None` when
 /// an interrupt ([`crate::limits::interrupted`]: a client gone) came between chunks, so that a long prompt
 /// is not computed to the end for nobody.

@@ -377,9 +377,6 @@ pub fn parse_completions(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
     };
     // The rest is read as a chat request's (one placeholder turn, dropped after).
     o.insert("messages".into(), serde_json::json!([{"role": "user", "content": ""}]));
-    o.remove("logprobs");
-    o.remove("best_of");
-    o.remove("echo");
     let mut req = parse_chat(Value::Object(o).to_string().as_bytes(), limits)?;
     req.messages.clear();
     req.prompt = Some(prompt);

@@ -200,14 +200,6 @@ impl Worker {
         })
         .map_err(server_error)?;
         driver.set_cached(prompt.iter().chain(&g.tokens).copied().collect());
-        // The text with its control tokens', where asked (the stop token that ended it aside).
-        let text = match req.special_text {
-            true => {
-                let ids: Vec<u32> = g.tokens.iter().filter(|t| !stops.contains(t)).copied().collect();
-                tok.decode(&ids, true).map_err(server_error)?
-            }
-            false => g.text.clone(),
-        };
         let finish_reason = match g.stop {
             FinishReason::MaxTokens | FinishReason::ContextFull => "length",
             FinishReason::Interrupted => {
@@ -215,14 +207,21 @@ impl Worker {
             }
             _ => "stop",
         };
+        let completion_tokens = g.tokens.len();
+        let cached_tokens = g.stats.cached_tokens.min(prompt.len());
+        // The text with its control tokens', where asked (the stop token that ended it aside).
+        let text = match req.special_text {
+            true => g.text_with_control_tokens(&tok, &stops),
+            false => g.text,
+        };
         Ok(Completion {
             content: Some(text),
             calls: Vec::new(),
             finish_reason,
             prompt_tokens: prompt.len(),
             reasoning: None,
-            cached_tokens: g.stats.cached_tokens.min(prompt.len()),
-            completion_tokens: g.tokens.len(),
+            cached_tokens,
+            completion_tokens,
         })
     }
 

@@ -181,21 +181,29 @@ impl RemoteDriver {
             body["logit_bias"] = Value::Object(bias);
         }
         let resp = self.post_to("completions", &body)?;
+        let (mut out, _) = self.first_choice(&resp, "/text", started)?;
+        out.stats.prompt_tokens = prompt.len();
+        Ok(out)
+    }
+
+    /// The first choice of a response, its text at `text` (`/message/content` for chat, `/text` for a
+    /// completion): the text, whether it ended by itself, and the usage figures.
+    fn first_choice<'r>(&self, resp: &'r Value, text: &str, started: Instant) -> Result<(DriverOutput, &'r Value)> {
         let choice = resp.pointer("/choices/0").ok_or_else(|| Error::Remote {
             endpoint: self.base.clone(),
             problem: format!("the response has no choices: {}", excerpt(&resp.to_string())),
         })?;
-        let text = choice.get("text").and_then(Value::as_str).unwrap_or_default().to_string();
+        let text = choice.pointer(text).and_then(Value::as_str).unwrap_or_default().to_string();
         let complete = choice.get("finish_reason").and_then(Value::as_str) == Some("stop");
         let count = |p: &str| resp.pointer(p).and_then(Value::as_u64).unwrap_or(0) as usize;
         let stats = DecisionStats {
-            prompt_tokens: prompt.len(),
+            prompt_tokens: count("/usage/prompt_tokens"),
             reused_tokens: count("/usage/prompt_tokens_details/cached_tokens"),
             generated_tokens: count("/usage/completion_tokens"),
             seconds: started.elapsed().as_secs_f64(),
             ..DecisionStats::default()
         };
-        Ok(DriverOutput::new(text, complete, stats))
+        Ok((DriverOutput::new(text, complete, stats), choice))
     }
 
     /// Sent as `Authorization: Bearer KEY`.
@@ -382,22 +390,8 @@ impl RemoteDriver {
     /// Under `--constraint tools`, the reply's calls are the decision's text (`schema`: the decision's).
     fn complete(&self, body: &Value, schema: Option<&Value>, started: Instant) -> Result<(DriverOutput, Vec<Value>)> {
         let resp = self.post(body)?;
-        let choice = resp.get("choices").and_then(|c| c.get(0)).ok_or_else(|| Error::Remote {
-            endpoint: self.base.clone(),
-            problem: format!("the response has no choices: {}", excerpt(&resp.to_string())),
-        })?;
-        let text = choice.pointer("/message/content").and_then(Value::as_str).unwrap_or_default().to_string();
-        let complete = choice.get("finish_reason").and_then(Value::as_str) == Some("stop");
-        let count = |p: &str| resp.pointer(p).and_then(Value::as_u64).unwrap_or(0) as usize;
-        let stats = DecisionStats {
-            prompt_tokens: count("/usage/prompt_tokens"),
-            reused_tokens: count("/usage/prompt_tokens_details/cached_tokens"),
-            generated_tokens: count("/usage/completion_tokens"),
-            seconds: started.elapsed().as_secs_f64(),
-            ..DecisionStats::default()
-        };
+        let (mut out, choice) = self.first_choice(&resp, "/message/content", started)?;
         let logprobs = choice.pointer("/logprobs/content").and_then(Value::as_array).cloned().unwrap_or_default();
-        let mut out = DriverOutput::new(text, complete, stats);
         if let (RemoteConstraint::Tools, Some(schema), Some(m)) = (self.constraint, schema, choice.get("message")) {
             out.text = tools::decision_text(m, schema);
             // A reply that called ended by calling.
