@@ -427,6 +427,31 @@ fn the_extension_grammar_is_one_more_call() {
     assert!(none.is_err(), "no call to propose under `none`");
 }
 
+/// A decision made a call at a time: its first call (or its answer), then its continuation after its
+/// first calls: stop, or as many more calls as the decision had left, nothing else; none once it has no
+/// call left.
+#[test]
+fn the_continuation_grammar_is_the_decisions_remaining_calls() {
+    use reagent::agent::native::native_continuation_grammar;
+    let opts = DecisionOptions::default().parallel_calls(Some(3));
+    let Grammar::Lark(g) = native(ToolChoice::Auto, opts) else { unreachable!() };
+    let after_one = Grammar::Lark(native_continuation_grammar(&g, 1).unwrap());
+    check_table(
+        after_one,
+        &["", &format!("\n{N_CALC}"), &format!("\n\n{N_WEATHER}\n{N_CALC}")],
+        &[N_CALC, N_ANSWER, &format!("\n{N_ANSWER}"), &format!("\n{N_CALC}\n{N_CALC}\n{N_CALC}"), "\n"],
+    );
+    let after_two = Grammar::Lark(native_continuation_grammar(&g, 2).unwrap());
+    check_table(after_two, &["", &format!("\n{N_WEATHER}")], &[&format!("\n{N_CALC}\n{N_CALC}")]);
+    assert_eq!(native_continuation_grammar(&g, 3), None, "no call left after three");
+    assert_eq!(native_continuation_grammar(&g, 0), None);
+    let first = Grammar::Lark(reagent::agent::native::native_first_call_grammar(&g).unwrap());
+    check_table(first, &[N_CALC, N_WEATHER, N_ANSWER], &[&format!("{N_CALC}\n{N_WEATHER}"), ""]);
+    let Grammar::Lark(single) = native(ToolChoice::Auto, DecisionOptions::default()) else { unreachable!() };
+    assert_eq!(native_continuation_grammar(&single, 1), None, "one call a decision");
+    assert_eq!(reagent::agent::native::native_first_call_grammar(&single), None);
+}
+
 #[test]
 fn native_grammar_ties_arguments_to_the_named_tool() {
     let two = format!("{N_CALC}\n{N_WEATHER}");
@@ -731,4 +756,100 @@ fn a_grammar_matching_nothing_is_explained_for_its_kind() {
     assert!(regex.contains("matches no text") && regex.contains("character class"), "{regex}");
     let schema = err(Grammar::JsonSchema(serde_json::json!({"enum": []})));
     assert!(schema.contains("JSON schema") && schema.contains("nsatisfiable"), "{schema}");
+}
+
+// GBNF, for llama.cpp's server: the decision grammars written in its format take the same texts.
+
+fn check_gbnf(gbnf: &str, accepted: &[&str], rejected: &[&str]) {
+    let g = common::gbnf::Gbnf::parse(gbnf);
+    for s in accepted {
+        assert!(g.accepts(s), "should accept {s:?} under\n{gbnf}");
+    }
+    for s in rejected {
+        assert!(!g.accepts(s), "should reject {s:?} under\n{gbnf}");
+    }
+}
+
+/// A ReAct decision schema as GBNF: the tool names, each tool's arguments in order with the required
+/// ones, their types, enums and small integer ranges; the shapes of each tool choice.
+#[test]
+fn decision_schemas_as_gbnf_take_the_same_decisions() {
+    use reagent::agent::driver::gbnf;
+    let schema = |choice: ToolChoice, opts: DecisionOptions| decision_schema(&tools(), &choice, &opts).unwrap();
+    let auto = gbnf::schema(&schema(ToolChoice::Auto, DecisionOptions::default())).unwrap();
+    check_gbnf(
+        &auto,
+        &[
+            CALC,
+            WEATHER,
+            ANSWER,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":7}}"#,
+        ],
+        &[
+            r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":"3"}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"search","args":{}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"calculator","args":{"expression":"1","x":1}}"#,
+            r#"{"thought":"t","type":"final_answer"}"#,
+            r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"days":3,"city":"Oslo"}}"#,
+            PARALLEL,
+        ],
+    );
+    let required = gbnf::schema(&schema(ToolChoice::Required, DecisionOptions::default())).unwrap();
+    check_gbnf(&required, &[CALC, WEATHER], &[ANSWER]);
+    let parallel = DecisionOptions::default().parallel_calls(Some(2));
+    check_gbnf(&gbnf::schema(&schema(ToolChoice::Auto, parallel)).unwrap(), &[CALC, ANSWER, PARALLEL], &[]);
+    let short = DecisionOptions::default().max_thought_chars(5).max_string_chars(4);
+    check_gbnf(
+        &gbnf::schema(&schema(ToolChoice::None, short)).unwrap(),
+        &[r#"{"thought":"abcde","type":"final_answer","answer":"abcd"}"#],
+        &[
+            r#"{"thought":"abcdef","type":"final_answer","answer":"a"}"#,
+            r#"{"thought":"a","type":"final_answer","answer":"abcde"}"#,
+        ],
+    );
+}
+
+/// A native decision's Lark grammar as GBNF: the calls in the model's syntax with the same arguments, as
+/// many as allowed, or an answer that does not start like a call; a token marker as its text.
+#[test]
+fn native_grammars_as_gbnf_take_the_same_decisions() {
+    use reagent::agent::driver::gbnf;
+    let (_, tok) = engine();
+    let parallel = DecisionOptions::default().parallel_calls(Some(2));
+    let Grammar::Lark(lark) = native(ToolChoice::Auto, parallel) else { unreachable!() };
+    let two = format!("{N_CALC}\n{N_WEATHER}");
+    let three = format!("{N_CALC}\n{N_WEATHER}\n{N_CALC}");
+    let fenced = "```json\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2+2\"}}\n```";
+    check_gbnf(
+        &gbnf::lark(&lark, &tok).unwrap(),
+        &[N_CALC, N_WEATHER, N_ANSWER, &two, &format!("{N_CALC}\n\n{N_WEATHER}"), "Two lines\nof answer", fenced],
+        &[
+            "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"city\": \"Oslo\", \"days\": 3}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+            "<tool_call>\n{\"name\":\"calculator\",\"arguments\":{\"expression\":\"1\"}}\n</tool_call>",
+            &three,
+            &format!("{N_CALC} done"),
+            "<b>4</b>",
+            " 4",
+            "",
+        ],
+    );
+    // The grammars a decision made a call a request takes.
+    let Grammar::Lark(lark) = native(ToolChoice::Auto, DecisionOptions::default().parallel_calls(Some(3))) else {
+        unreachable!()
+    };
+    let first = reagent::agent::native::native_first_call_grammar(&lark).unwrap();
+    check_gbnf(&gbnf::lark(&first, &tok).unwrap(), &[N_CALC, N_ANSWER], &[&two]);
+    let rest = reagent::agent::native::native_continuation_grammar(&lark, 1).unwrap();
+    check_gbnf(&gbnf::lark(&rest, &tok).unwrap(), &["", &format!("\n{N_WEATHER}"), &format!("\n{two}")], &[N_CALC]);
+    // A marker by token id is the token's text; an id with no text and a grammar it cannot read are
+    // errors naming them.
+    let id = tok.token_id("<|im_end|>").unwrap();
+    check_gbnf(&gbnf::lark(&format!("start: <[{id}]> \"x\""), &tok).unwrap(), &["<|im_end|>x"], &["x"]);
+    let err = gbnf::lark("start: /a|b/", &tok).unwrap_err().to_string();
+    assert!(err.contains("gbnf") && err.contains("a|b"), "{err}");
 }

@@ -60,6 +60,11 @@ const UNLISTED: &str = "{% if tools %}{{ '<|im_start|>system\nCall with <tool_ca
 
 /// A tiny model with `template`, and Phi-4-mini's call markers as control tokens.
 fn tiny_with(name: &str, template: &str) -> Model {
+    tiny_with_tokens(name, template, &[("<|tool_call|>", 3), ("<|/tool_call|>", 3)])
+}
+
+/// The tiny model with `template`, written as `name` with `extra` tokens (text, GGUF token type).
+fn tiny_with_tokens(name: &str, template: &str, extra: &[(&str, i32)]) -> Model {
     static LOCK: Mutex<()> = Mutex::new(());
     let _written = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let path = common::scratch().join(format!("tiny-syntax-{name}.gguf"));
@@ -67,7 +72,7 @@ fn tiny_with(name: &str, template: &str) -> Model {
         let spec = TinySpec {
             context: 4096,
             metadata: vec![("tokenizer.chat_template".into(), Meta::String(template.into()))],
-            extra_tokens: vec![("<|tool_call|>".into(), 3), ("<|/tool_call|>".into(), 3)],
+            extra_tokens: extra.iter().map(|&(t, kind)| (t.to_string(), kind)).collect(),
             ..TinySpec::new(Arch::Qwen2)
         };
         write_tiny_gguf(&path, &spec).unwrap();
@@ -373,7 +378,7 @@ fn a_remote_native_decision_is_the_decision_made_in_process() {
     config.format = DecisionFormat::Native;
     config.branch_biases = Default::default();
     config.tool_choice = ToolChoice::Required;
-    let config = config.max_steps(1);
+    let mut config = config.max_steps(1);
     let question = "What is the weather in Paris?";
     let local = ModelDriver::constrained(tiny_with("qwen", QWEN), Sampling::Greedy, 0).unwrap();
     let syntax = local.call_syntax();
@@ -387,9 +392,76 @@ fn a_remote_native_decision_is_the_decision_made_in_process() {
     assert!(remote.call_syntax().is_none());
     let remote = remote.with_template(&path()).unwrap();
     assert_eq!(remote.call_syntax(), syntax);
-    let mut agent = Agent::builder().driver(remote).tools([weather()]).config(config).build().unwrap();
+    let mut agent = Agent::builder().driver(remote.clone()).tools([weather()]).config(config.clone()).build().unwrap();
     let there = agent.run(question).unwrap();
     assert!(!here.steps[0].decision.calls().is_empty(), "{:?}", here.steps[0]);
     assert_eq!(there.steps[0].decision, here.steps[0].decision);
     assert_eq!(there.steps[0].stats.prompt_tokens, here.steps[0].stats.prompt_tokens);
+    // Up to three calls a decision, the stop after each call biased either way: remotely, one call a
+    // request, the server's stop taking the bias as a `logit_bias`. Against the stop, the calls the
+    // model makes in process (the random weights go on calling); for it, the decision's first call alone
+    // (in process the bias goes after the call marker, which the random weights spell in pieces).
+    let weather = || {
+        let city = json!({"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]});
+        let spec = ToolSpec::new("get_weather", "Current weather of a city", city).unwrap();
+        std::sync::Arc::new(FnTool::new(spec, |_| Ok(json!("sunny")))) as std::sync::Arc<dyn reagent::Tool>
+    };
+    // The call markers as the model's own tokens (user-defined, as in Qwen's file).
+    let marked = || tiny_with_tokens("qwen-marked", QWEN, &[("<tool_call>", 4), ("</tool_call>", 4)]);
+    let s = Server::start(
+        ModelDriver::constrained(marked(), Sampling::Greedy, 0).unwrap(),
+        ServeOptions::default().host("127.0.0.1".into()).port(0),
+    )
+    .unwrap();
+    let url = format!("http://{}/v1", s.addr());
+    let remote = RemoteDriver::new(&url, "tiny", RemoteConstraint::Grammar, std::time::Duration::from_secs(120))
+        .unwrap()
+        .with_template(&common::scratch().join("tiny-syntax-qwen-marked.gguf"))
+        .unwrap();
+    let proposals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let run = |driver: Box<dyn Driver>, config: &AgentConfig| {
+        let sink = proposals.clone();
+        let mut agent = Agent::builder()
+            .boxed_driver(driver)
+            .tools([weather()])
+            .config(config.clone())
+            .events(move |e: &AgentEvent| {
+                if let AgentEvent::CallProposed { call, kept, .. } = e {
+                    sink.lock().unwrap().push((call.clone(), *kept));
+                }
+            })
+            .build()
+            .unwrap();
+        agent.run(question).unwrap().steps.remove(0)
+    };
+    let proposed = || std::mem::take(&mut *proposals.lock().unwrap());
+    let local = || Box::new(ModelDriver::constrained(marked(), Sampling::Greedy, 0).unwrap());
+    config.decision.parallel_calls = Some(3);
+    let mut tokens = Vec::new();
+    for more_calls in [100.0, -100.0] {
+        config.branch_biases.more_calls = more_calls;
+        let mut expected = config.clone();
+        if more_calls < 0.0 {
+            expected.decision.parallel_calls = Some(1);
+        }
+        let here = run(local(), &expected);
+        let there = run(Box::new(remote.clone()), &config);
+        // Calls that repeat one before are dropped from the decision: its length tells them apart.
+        assert_eq!(there.decision, here.decision, "more-calls bias {more_calls}");
+        assert_eq!(there.stats.generated_tokens, here.stats.generated_tokens, "more-calls bias {more_calls}");
+        tokens.push(here.stats.generated_tokens);
+    }
+    assert!(tokens[0] > 2 * tokens[1], "the bias decides how many calls: {tokens:?} tokens");
+    // A call proposed after the decision's call: the remote decision goes on from its text as the
+    // model in process goes on from its cache.
+    config.branch_biases.more_calls = 0.0;
+    config.propose_more_calls = true;
+    proposed();
+    let here = run(local(), &config);
+    let here_proposed = proposed();
+    let there = run(Box::new(remote.clone()), &config);
+    assert!(!here_proposed.is_empty(), "in process, a call is proposed");
+    assert_eq!(proposed(), here_proposed);
+    assert_eq!(there.decision, here.decision);
+    assert_eq!(there.stats.generated_tokens, here.stats.generated_tokens);
 }

@@ -455,8 +455,9 @@ fn the_tools_mode_sends_functions_and_takes_the_calls_back() {
 
 /// `probe` finds the strongest constraint a server enforces: a `reagent serve` replica holds a reply to a
 /// grammar; a server that refuses `json_schema` naming `json_object` (with a 500, as llama-cpp-python) and
-/// holds that form gets `json-schema` sent so; one that ignores grammars and schemas but calls a named
-/// function gets `tools`; one that does none of these, `none`.
+/// holds that form gets `json-schema` sent so; one that ignores Lark grammars and schemas but holds GBNF
+/// gets `gbnf`; one that ignores all of these but calls a named function gets `tools`; one that does none
+/// of these, `none`.
 #[test]
 fn probing_finds_the_constraint_a_server_enforces() {
     let mut server = replica();
@@ -471,12 +472,19 @@ fn probing_finds_the_constraint_a_server_enforces() {
         (200, reply("reagent")),
         (500, refusal),
         (200, reply(r#"{"probe": "reagent-probe"}"#)),
-        // Grammars ignored, schemas refused or ignored, a named function called.
+        // Grammars ignored, schemas refused or ignored, GBNF held.
         (200, reply("hello")),
         (400, r#"{"error": {"message": "unknown response_format"}}"#.into()),
         (200, reply(r#"{"probe": "hello"}"#)),
+        (200, reply("reagent-probe")),
+        // Grammars of both kinds ignored, schemas refused or ignored, a named function called.
+        (200, reply("hello")),
+        (400, r#"{"error": {"message": "unknown response_format"}}"#.into()),
+        (200, reply(r#"{"probe": "hello"}"#)),
+        (200, reply("hello")),
         (200, called),
         // Nothing held.
+        (200, reply("hello")),
         (200, reply("hello")),
         (200, reply("hello")),
         (200, reply("hello")),
@@ -492,10 +500,15 @@ fn probing_finds_the_constraint_a_server_enforces() {
     let schema = reagent::decode::constraint::Grammar::JsonSchema(serde_json::json!({"type": "object"}));
     let body = d.body(&[reagent::text::chat::ChatMessage::user("u")], Some(&schema), 8).unwrap();
     assert_eq!(body["response_format"]["type"], "json_object", "the form the server took");
+    let mut d = driver();
+    assert_eq!(d.probe().unwrap(), RemoteConstraint::Gbnf);
+    let body = d.body(&[reagent::text::chat::ChatMessage::user("u")], Some(&schema), 8).unwrap();
+    assert!(body["grammar"].as_str().is_some_and(|g| g.starts_with("root ::= ")), "{body}");
     assert_eq!(driver().probe().unwrap(), RemoteConstraint::Tools);
     assert_eq!(driver().probe().unwrap(), RemoteConstraint::None);
     let b = bodies(&requests);
-    assert_eq!(b.len(), 11);
+    assert_eq!(b.len(), 17);
     assert_eq!(b[0]["structured_outputs"]["grammar"], "start: \"reagent-probe\"");
-    assert_eq!(b[6]["tool_choice"]["function"]["name"], "reagent_probe");
+    assert_eq!(b[6]["grammar"], "root ::= \"reagent-probe\"");
+    assert_eq!(b[11]["tool_choice"]["function"]["name"], "reagent_probe");
 }

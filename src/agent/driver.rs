@@ -27,7 +27,7 @@ mod scripted;
 mod thinking;
 
 pub use extract::extract_json;
-pub use remote::{RemoteConstraint, RemoteDriver};
+pub use remote::{gbnf, RemoteConstraint, RemoteDriver};
 pub use scripted::{ScriptItem, ScriptedDriver};
 
 /// What a driver is asked for.

@@ -222,6 +222,26 @@ fn regex_syntax_escape(c: char) -> String {
     }
 }
 
+/// The grammar that goes on from a decision of `native_grammar` after its first `made` calls: stop, or
+/// the separator and another call, as many as the decision had left. `None` where it had none left (or
+/// `grammar` is not one of [`native_grammar`]'s). A decision made in two requests, the second continuing
+/// the first's text, is then one the grammar allows: the server's stop after a call can take the
+/// more-calls bias (a `logit_bias` on the stop tokens, which are allowed nowhere else in this grammar).
+pub fn native_continuation_grammar(grammar: &str, made: usize) -> Option<String> {
+    let (_, rules) = grammar.split_once('\n').filter(|(start, _)| start.starts_with("start:"))?;
+    let next = format!("more{made}");
+    let defined = made > 0 && rules.lines().any(|l| l.strip_prefix(&next).is_some_and(|r| r.starts_with(':')));
+    defined.then(|| format!("start: {next}?\n{rules}"))
+}
+
+/// The grammar of `native_grammar`'s decision with at most its first call: the first request of a
+/// decision made one call a request ([`native_continuation_grammar`]). `None` where the decision takes
+/// one call only.
+pub fn native_first_call_grammar(grammar: &str) -> Option<String> {
+    let more = "\ncalls: call more1?\n";
+    grammar.contains(more).then(|| grammar.replacen(more, "\ncalls: call\n", 1))
+}
+
 /// The rule between two calls: one or two newlines where the syntax separates calls by a newline (models
 /// write either), else the separator's text.
 fn separator_rule(syntax: &CallSyntax) -> String {

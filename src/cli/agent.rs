@@ -163,7 +163,7 @@ pub(super) fn unapplied_remotely(config: &AgentConfig, constraint: RemoteConstra
     let (bias, mut said, mut unapplied) = (config.branch_biases.call, String::new(), Vec::new());
     match constraint {
         _ if bias == 0.0 => {}
-        RemoteConstraint::Grammar | RemoteConstraint::JsonSchema => {
+        RemoteConstraint::Grammar | RemoteConstraint::Gbnf | RemoteConstraint::JsonSchema => {
             said = format!("; call bias {bias} from the server's log-probabilities (not applied where it returns none)")
         }
         _ => unapplied.push(format!("call bias {bias}")),

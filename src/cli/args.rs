@@ -186,7 +186,8 @@ pub(crate) struct RemoteArgs {
     #[arg(long, env = "REAGENT_API_KEY", hide_env_values = true, requires = "endpoint", help_heading = "Remote model")]
     pub(crate) api_key: Option<String>,
     /// How the decision's grammar reaches the server: `grammar` (llguidance's Lark, as vLLM's and
-    /// SGLang's llguidance backends and `reagent serve` take it), `json-schema` (`response_format`),
+    /// SGLang's llguidance backends and `reagent serve` take it), `gbnf` (llama.cpp's grammar format, as
+    /// its server's `grammar`), `json-schema` (`response_format`),
     /// `tools` (OpenAI `tools` and `tool_choice`), `none` (parsed and validated here only), or `auto`
     /// (the first of those the server is found to enforce, probed at start).
     #[arg(long, default_value = "grammar", value_name = "MODE", requires = "endpoint", help_heading = "Remote model")]

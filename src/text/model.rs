@@ -48,11 +48,7 @@ impl Model {
             (None, Some(t)) => (t.to_string(), path.display().to_string()),
             (None, None) => (chat::fallback_template(arch.as_str()).to_string(), path.display().to_string()),
         };
-        let eot = match g.get("tokenizer.ggml.eot_token_id") {
-            Some(_) => g.u64("tokenizer.ggml.eot_token_id").ok().map(|id| id as u32),
-            None => None,
-        };
-        let stop_tokens = chat::stop_tokens(&tokenizer, eot);
+        let stop_tokens = chat::stop_tokens(&tokenizer, eot_of(&g));
         let chat = ChatTemplate::new(&template, &tokenizer)
             .map_err(|e| match e {
                 Error::ChatTemplate { origin: None, problem, source } => {
@@ -124,9 +120,15 @@ impl LanguageModel for Model {
     }
 }
 
-/// The tokenizer and chat template of the GGUF file at `path`, read from its metadata (the weights are
-/// not read): a model served elsewhere whose prompts are rendered here.
-pub fn template_of_file(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
+/// The end-of-turn token a file names, if any.
+fn eot_of(g: &GgufFile) -> Option<u32> {
+    g.get("tokenizer.ggml.eot_token_id")?;
+    g.u64("tokenizer.ggml.eot_token_id").ok().map(|id| id as u32)
+}
+
+/// The tokenizer, chat template and stop tokens of the GGUF file at `path`, read from its metadata (the
+/// weights are not read): a model served elsewhere whose prompts are rendered here.
+pub fn template_of_file(path: &Path) -> Result<(Tokenizer, ChatTemplate, Vec<u32>)> {
     let g = GgufFile::open(path)?;
     let tokenizer = Tokenizer::from_gguf(&g)?;
     let template = match g.str_opt("tokenizer.chat_template")? {
@@ -134,5 +136,6 @@ pub fn template_of_file(path: &Path) -> Result<(Tokenizer, ChatTemplate)> {
         None => chat::fallback_template(Arch::of(&g)?.as_str()).to_string(),
     };
     let chat = ChatTemplate::new(&template, &tokenizer)?.with_origin(path.display().to_string());
-    Ok((tokenizer, chat))
+    let stops = chat::stop_tokens(&tokenizer, eot_of(&g));
+    Ok((tokenizer, chat, stops))
 }

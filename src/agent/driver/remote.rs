@@ -2,12 +2,15 @@
 //! server, `reagent serve`), constrained as the engine can take it ([`RemoteConstraint`]). Everything else of
 //! the agent (tools, MCP, traces, retries, eval) runs here unchanged; each decision is parsed and
 //! validated here as a local one is. The call bias of a ReAct decision is applied from the
-//! log-probabilities the server returns ([`branch`]). The call's support, which needs the model's scores
+//! log-probabilities the server returns ([`branch`]); a native decision (the model's file here) takes its
+//! call bias, its more-calls bias and its proposed calls as `logit_bias` and continued requests to
+//! `/completions` ([`RemoteDriver::with_template`]). The call's support, which needs the model's scores
 //! of a given text, is not applied: scored through a grammar that allows only that text, a server's
 //! greedy tokenisation of it is not the model's (`src/catalog.rs` written as `src`, `/c`, `atal`, `og`,
 //! …), and the scores of such pieces say little.
 
 mod branch;
+pub mod gbnf;
 mod tools;
 
 use std::time::{Duration, Instant};
@@ -32,6 +35,10 @@ pub enum RemoteConstraint {
     /// SGLang's llguidance backends, `reagent serve`): decisions valid by construction.
     #[default]
     Grammar,
+    /// The decision's grammar written in GBNF as `grammar` (llama.cpp's server, llama-cpp-python's): a
+    /// schema translated whole, a native grammar but for what GBNF cannot say (see [`gbnf`]); valid
+    /// by construction where the translation is whole, checked here as always.
+    Gbnf,
     /// The decision's JSON schema as `response_format` (llama.cpp's server, Ollama, hosted APIs): valid
     /// where the engine enforces the schema.
     JsonSchema,
@@ -47,12 +54,14 @@ impl std::str::FromStr for RemoteConstraint {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "grammar" => Ok(Self::Grammar),
+            "gbnf" => Ok(Self::Gbnf),
             "json-schema" => Ok(Self::JsonSchema),
             "tools" => Ok(Self::Tools),
             "none" => Ok(Self::None),
-            other => {
-                Err(Error::param("constraint", format!("`{other}`: expected grammar, json-schema, tools or none")))
-            }
+            other => Err(Error::param(
+                "constraint",
+                format!("`{other}`: expected grammar, gbnf, json-schema, tools or none"),
+            )),
         }
     }
 }
@@ -61,6 +70,7 @@ impl std::fmt::Display for RemoteConstraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Self::Grammar => "grammar",
+            Self::Gbnf => "gbnf",
             Self::JsonSchema => "json-schema",
             Self::Tools => "tools",
             Self::None => "none",
@@ -89,6 +99,8 @@ pub struct RemoteDriver {
     /// The served model's template and tokenizer, read here from its file: native decisions
     /// ([`with_template`](Self::with_template)).
     local: Option<std::sync::Arc<Local>>,
+    /// The last native decision's prompt and text as tokens, where [`Driver::extend`] goes on.
+    last: Option<Vec<u32>>,
 }
 
 /// What native decisions on a remote model need from its file: the prompt rendered and tokenized here,
@@ -99,6 +111,9 @@ struct Local {
     syntax: Option<CallSyntax>,
     /// The tokens that start a call in that syntax (its open marker), where the call bias goes.
     call_starts: Vec<u32>,
+    /// The tokens that end the model's turn, where the more-calls bias goes; none where the syntax has
+    /// no token that ends a call (in process, the bias goes after such a token).
+    stops: Vec<u32>,
 }
 
 impl std::fmt::Debug for RemoteDriver {
@@ -132,6 +147,7 @@ impl RemoteDriver {
             entry: None,
             schema_in_json_object: false,
             local: None,
+            last: None,
         })
     }
 
@@ -140,19 +156,24 @@ impl RemoteDriver {
     /// grammar`, each is rendered here and sent to `/completions` as token ids with the native grammar
     /// (as `reagent serve` and vLLM take it), the call bias as a `logit_bias` on the call marker.
     pub fn with_template(mut self, path: &std::path::Path) -> Result<Self> {
-        let (tok, template) = crate::text::template_of_file(path)?;
+        let (tok, template, stops) = crate::text::template_of_file(path)?;
         let syntax = CallSyntax::of(&template, &tok);
-        let call_starts = syntax.as_ref().map(|s| crate::agent::native::NativeTokens::of(&tok, s).call_starts);
-        self.local =
-            Some(std::sync::Arc::new(Local { template, tok, syntax, call_starts: call_starts.unwrap_or_default() }));
+        let tokens = syntax.as_ref().map(|s| crate::agent::native::NativeTokens::of(&tok, s));
+        let (call_starts, stops) = match tokens {
+            Some(t) if !t.call_ends.is_empty() => (t.call_starts, stops),
+            Some(t) => (t.call_starts, Vec::new()),
+            None => (Vec::new(), Vec::new()),
+        };
+        self.local = Some(std::sync::Arc::new(Local { template, tok, syntax, call_starts, stops }));
         Ok(self)
     }
 
     /// A native decision: the prompt rendered here with the tools, continued at `/completions` under the
     /// decision's grammar, with its control tokens' texts (the call markers) kept.
-    fn native(&self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
+    fn native(&mut self, req: &DecisionRequest<'_>) -> Result<DriverOutput> {
         let started = Instant::now();
-        let Some(local) = self.local.as_ref().filter(|l| l.syntax.is_some()) else {
+        self.last = None;
+        let Some(local) = self.local.clone().filter(|l| l.syntax.is_some()) else {
             return Err(Error::param(
                 "decision format",
                 "native decisions on a remote model need its chat template here (--model naming its file); use react",
@@ -162,28 +183,86 @@ impl RemoteDriver {
             return Err(Error::param("decision format", "a native decision's grammar is a Lark grammar"));
         };
         let prompt = local.template.render_tokens(&local.tok, req.messages, true, req.tools)?;
-        let mut body = json!({
-            "model": self.model,
-            "prompt": prompt,
-            "max_tokens": req.max_tokens,
-            "temperature": 0,
-            "skip_special_tokens": false,
-            "structured_outputs": {"grammar": lark},
-        });
-        // The call bias where a call starts (the first call's and any after it alike: the more-calls
-        // bias, which needs the grammar's position, is not applied).
-        if req.biases.call != 0.0 && !local.call_starts.is_empty() {
-            let bias: serde_json::Map<String, Value> = local
-                .call_starts
-                .iter()
-                .map(|t| (t.to_string(), json!(req.biases.call.clamp(-100.0, 100.0))))
-                .collect();
-            body["logit_bias"] = Value::Object(bias);
-        }
+        // The call bias where a call starts: the first call's, and any after it (in the continuation, if
+        // any, none is sent there).
+        // With the more-calls bias, a decision that may make several calls is made a call a request, so
+        // that the stop after each call is the server's choice under the bias.
+        let one_a_request = req.biases.more_calls != 0.0 && !local.stops.is_empty();
+        let first = one_a_request.then(|| crate::agent::native::native_first_call_grammar(lark)).flatten();
+        let body = self.completion(
+            &local,
+            &prompt,
+            first.as_deref().unwrap_or(lark),
+            req.max_tokens,
+            &local.call_starts,
+            req.biases.call,
+        )?;
         let resp = self.post_to("completions", &body)?;
         let (mut out, _) = self.first_choice(&resp, "/text", started)?;
         out.stats.prompt_tokens = prompt.len();
+        let mut tokens = prompt;
+        tokens.extend(local.tok.encode(&out.text, true)?);
+        if first.is_some() {
+            self.more_calls(req, &local, lark, &mut tokens, &mut out)?;
+        }
+        self.last = out.complete.then_some(tokens);
         Ok(out)
+    }
+
+    /// A `/completions` request continuing `prompt` under `lark` (as the constraint sends it), its
+    /// control tokens' texts kept, each of `biased` given `bias`.
+    fn completion(
+        &self,
+        local: &Local,
+        prompt: &[u32],
+        lark: &str,
+        max_tokens: usize,
+        biased: &[u32],
+        bias: f32,
+    ) -> Result<Value> {
+        let mut body = json!({
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens.max(1),
+            "temperature": 0,
+            "skip_special_tokens": false,
+        });
+        match self.constraint {
+            RemoteConstraint::Gbnf => body["grammar"] = json!(gbnf::lark(lark, &local.tok)?),
+            _ => body["structured_outputs"] = json!({"grammar": lark}),
+        }
+        if bias != 0.0 && !biased.is_empty() {
+            let bias = json!(bias.clamp(-100.0, 100.0));
+            body["logit_bias"] = Value::Object(biased.iter().map(|t| (t.to_string(), bias.clone())).collect());
+        }
+        Ok(body)
+    }
+
+    /// The rest of a native decision whose first call was made alone, with the stop after each call
+    /// taking the more-calls bias, as in process: the decision's text sent back after its prompt, under
+    /// the grammar of its remaining calls, where the stop tokens are allowed only after a call, so that a
+    /// `logit_bias` on them (which a server applies at every position) biases that choice alone.
+    fn more_calls(
+        &self,
+        req: &DecisionRequest<'_>,
+        local: &Local,
+        lark: &str,
+        tokens: &mut Vec<u32>,
+        out: &mut DriverOutput,
+    ) -> Result<()> {
+        let Some(syntax) = local.syntax.as_ref().filter(|_| out.complete) else { return Ok(()) };
+        let made = crate::agent::native::parse_native(&out.text, syntax).map(|d| d.calls().len()).unwrap_or(0);
+        let Some(grammar) = crate::agent::native::native_continuation_grammar(lark, made) else { return Ok(()) };
+        let started = Instant::now();
+        let left = req.max_tokens.saturating_sub(out.stats.generated_tokens);
+        let body = self.completion(local, tokens, &grammar, left, &local.stops, -req.biases.more_calls)?;
+        let resp = self.post_to("completions", &body)?;
+        let (more, _) = self.first_choice(&resp, "/text", started)?;
+        tokens.extend(local.tok.encode(&more.text, true)?);
+        out.text.push_str(&more.text);
+        out.complete = more.complete;
+        out.stats.add_generation(&more.stats);
+        Ok(())
     }
 
     /// The first choice of a response, its text at `text` (`/message/content` for chat, `/text` for a
@@ -233,7 +312,8 @@ impl RemoteDriver {
     }
 
     /// Finds the strongest constraint the server enforces, and takes it: a grammar (a reply held to a
-    /// one-word Lark grammar), else a JSON schema (either form; a reply held to a schema with one constant),
+    /// one-word Lark grammar), else GBNF where the model's call syntax is known here (the same word in
+    /// GBNF), else a JSON schema (either form; a reply held to a schema with one constant), else GBNF,
     /// else OpenAI tools (a named function called), else none. Each probe is one short request; a server
     /// that refuses a field is a probe that failed, a server that cannot be reached an error.
     pub fn probe(&mut self) -> Result<RemoteConstraint> {
@@ -261,6 +341,14 @@ impl RemoteDriver {
             self.constraint = RemoteConstraint::Grammar;
             return Ok(self.constraint);
         }
+        // GBNF before a schema where the model's own call syntax is known here (native decisions need a
+        // grammar), after it otherwise (a schema is the engine's own translation).
+        let gbnf = with("grammar", json!(format!("root ::= \"{WORD}\"")));
+        let native = self.local.as_ref().is_some_and(|l| l.syntax.is_some());
+        if native && content(&reply(self, &gbnf)?) == WORD {
+            self.constraint = RemoteConstraint::Gbnf;
+            return Ok(self.constraint);
+        }
         let schema = json!({"type": "object", "properties": {"probe": {"const": WORD}}, "required": ["probe"]});
         let forms = [
             json!({"type": "json_schema", "json_schema": {"name": "probe", "schema": schema, "strict": true}}),
@@ -278,6 +366,10 @@ impl RemoteDriver {
             }
         }
         self.schema_in_json_object = false;
+        if !native && content(&reply(self, &gbnf)?) == WORD {
+            self.constraint = RemoteConstraint::Gbnf;
+            return Ok(self.constraint);
+        }
         let name = "reagent_probe";
         let mut tools = with(
             "tools",
@@ -309,6 +401,9 @@ impl RemoteDriver {
             }
             (RemoteConstraint::Grammar, Grammar::JsonSchema(s)) => {
                 o.insert("structured_outputs".into(), json!({"grammar": format!("start: %json {s}")}));
+            }
+            (RemoteConstraint::Gbnf, Grammar::JsonSchema(s)) => {
+                o.insert("grammar".into(), json!(gbnf::schema(s)?));
             }
             (RemoteConstraint::JsonSchema, Grammar::JsonSchema(s)) => {
                 let mut schema = s.clone();
@@ -525,13 +620,37 @@ impl Driver for RemoteDriver {
             Grammar::JsonSchema(s)
                 if bias != 0.0
                     && req.format == DecisionFormat::React
-                    && matches!(self.constraint, RemoteConstraint::Grammar | RemoteConstraint::JsonSchema)
+                    && matches!(
+                        self.constraint,
+                        RemoteConstraint::Grammar | RemoteConstraint::Gbnf | RemoteConstraint::JsonSchema
+                    )
                     && branch::offers_both(s) =>
             {
                 self.biased(req, s, bias)
             }
             g => Ok(self.request(req.messages, g, req.max_tokens, false)?.0),
         }
+    }
+
+    /// Goes on from the last native decision (and what was added to it), its prompt and text sent
+    /// again as tokens, under `req.grammar` (one more call).
+    fn extend(&mut self, req: &DecisionRequest<'_>) -> Result<Option<DriverOutput>> {
+        let (Some(local), Some(tokens), Grammar::Lark(lark)) = (self.local.clone(), self.last.as_ref(), req.grammar)
+        else {
+            return Ok(None);
+        };
+        let body = self.completion(&local, tokens, lark, req.max_tokens, &[], 0.0)?;
+        let started = Instant::now();
+        let resp = self.post_to("completions", &body)?;
+        let (out, _) = self.first_choice(&resp, "/text", started)?;
+        if let Some(tokens) = self.last.as_mut() {
+            tokens.extend(local.tok.encode(&out.text, true)?);
+        }
+        Ok(Some(out))
+    }
+
+    fn rollback(&mut self) {
+        self.last = None;
     }
 
     fn answer(
@@ -551,9 +670,12 @@ impl Driver for RemoteDriver {
     }
 
     /// The model's own call syntax where its template was read here ([`RemoteDriver::with_template`])
-    /// and the server takes grammars; else none: decisions are ReAct, whose text any model can write.
+    /// and the server takes grammars (Lark or GBNF); else none: decisions are ReAct, whose text any model can write.
     fn call_syntax(&self) -> Option<CallSyntax> {
-        let local = self.local.as_ref().filter(|_| self.constraint == RemoteConstraint::Grammar)?;
+        let local = self
+            .local
+            .as_ref()
+            .filter(|_| matches!(self.constraint, RemoteConstraint::Grammar | RemoteConstraint::Gbnf))?;
         local.syntax.clone()
     }
 
@@ -641,6 +763,9 @@ mod tests {
         assert_eq!(b["response_format"]["json_schema"]["schema"], json!({"type": "object"}));
         assert_eq!(b["response_format"]["type"], "json_schema");
         assert!(b.get("structured_outputs").is_none());
+        let b = driver(RemoteConstraint::Gbnf).body(&msgs, Some(&g), 64).unwrap();
+        assert_eq!(b["grammar"], gbnf::schema(&schema).unwrap());
+        assert!(b.get("structured_outputs").is_none() && b.get("response_format").is_none());
         // Tools: the schema's call alternatives as functions; nothing where it has none.
         let decision = json!({"anyOf": [
             {"properties": {"type": {"const": "call_tool"}, "tool": {"const": "calc"}, "args": {"type": "object"}}},
