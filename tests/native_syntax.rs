@@ -465,3 +465,62 @@ fn a_remote_native_decision_is_the_decision_made_in_process() {
     assert_eq!(there.decision, here.decision);
     assert_eq!(there.stats.generated_tokens, here.stats.generated_tokens);
 }
+
+/// Under `--constraint gbnf` (llama.cpp's server), a native decision goes to `/v1/completions` as that
+/// server takes it: the prompt rendered here as text, the native grammar written as GBNF (the first call
+/// alone, then the calls left), the call bias on the call marker and the more-calls bias on the stop
+/// tokens as `logit_bias`; the reply's calls are the decision.
+#[test]
+fn a_gbnf_native_decision_is_sent_as_llama_cpp_takes_it() {
+    use reagent::agent::{RemoteConstraint, RemoteDriver};
+    use reagent::catalog::Profile;
+    let marked = tiny_with_tokens("qwen-marked", QWEN, &[("<tool_call>", 4), ("</tool_call>", 4)]);
+    let tok = marked.tokenizer().clone();
+    let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    let completion = |text: &str| {
+        json!({"choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": 3}})
+        .to_string()
+    };
+    let (url, requests) = common::fake_server(vec![(200, completion(call)), (200, completion(""))]);
+    let remote = RemoteDriver::new(&url, "tiny", RemoteConstraint::Gbnf, std::time::Duration::from_secs(30))
+        .unwrap()
+        .with_template(&common::scratch().join("tiny-syntax-qwen-marked.gguf"))
+        .unwrap();
+    let spec = ToolSpec::new(
+        "get_weather",
+        "Current weather of a city",
+        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    )
+    .unwrap();
+    let weather = std::sync::Arc::new(FnTool::new(spec, |_| Ok(json!("sunny")))) as std::sync::Arc<dyn reagent::Tool>;
+    let mut config = AgentConfig::for_model(None, Profile::SingleDecision, true).unwrap();
+    config.format = DecisionFormat::Native;
+    config.tool_choice = ToolChoice::Auto;
+    config.decision.parallel_calls = Some(3);
+    config.branch_biases = Default::default();
+    config.branch_biases.call = 2.0;
+    config.branch_biases.more_calls = 5.0;
+    config.propose_more_calls = false;
+    config.native_branch = false;
+    let mut agent = Agent::builder().driver(remote).tools([weather]).config(config.max_steps(1)).build().unwrap();
+    let t = agent.run("What is the weather in Paris?").unwrap();
+    assert_eq!(t.steps[0].decision.calls()[0].args, json!({"city": "Paris"}));
+    let seen = requests.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "the first call, then the calls left");
+    let body = |i: usize| serde_json::from_str::<Value>(&seen[i].1).unwrap();
+    let (first, rest) = (body(0), body(1));
+    assert!(seen.iter().all(|(head, _)| head.starts_with("POST /v1/completions")), "{:?}", seen[0].0);
+    let prompt = first["prompt"].as_str().expect("the prompt as text");
+    assert!(prompt.contains("What is the weather in Paris?") && prompt.contains("get_weather"), "{prompt}");
+    assert_eq!(rest["prompt"].as_str().unwrap(), format!("{prompt}{call}"), "the first call sent back");
+    let first_grammar = common::gbnf::Gbnf::parse(first["grammar"].as_str().unwrap());
+    assert!(first_grammar.accepts(call) && !first_grammar.accepts(&format!("{call}\n{call}")));
+    let rest_grammar = common::gbnf::Gbnf::parse(rest["grammar"].as_str().unwrap());
+    assert!(rest_grammar.accepts("") && rest_grammar.accepts(&format!("\n{call}")) && !rest_grammar.accepts(call));
+    let marker = tok.encode("<tool_call>", true).unwrap()[0].to_string();
+    assert_eq!(first["logit_bias"][&marker], json!(2.0));
+    let stop = tok.token_id("<|im_end|>").unwrap().to_string();
+    assert_eq!(rest["logit_bias"][&stop], json!(-5.0));
+    assert!(rest["logit_bias"].get(&marker).is_none(), "no call bias after the first call");
+}

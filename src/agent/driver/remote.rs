@@ -228,7 +228,12 @@ impl RemoteDriver {
             "skip_special_tokens": false,
         });
         match self.constraint {
-            RemoteConstraint::Gbnf => body["grammar"] = json!(gbnf::lark(lark, &local.tok)?),
+            // llama.cpp's servers take a prompt as text only (llama-cpp-python's reads its special
+            // tokens' texts as those tokens).
+            RemoteConstraint::Gbnf => {
+                body["prompt"] = json!(local.tok.decode(prompt, true)?);
+                body["grammar"] = json!(gbnf::lark(lark, &local.tok)?);
+            }
             _ => body["structured_outputs"] = json!({"grammar": lark}),
         }
         if bias != 0.0 && !biased.is_empty() {
