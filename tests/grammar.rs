@@ -853,3 +853,26 @@ fn native_grammars_as_gbnf_take_the_same_decisions() {
     let err = gbnf::lark("start: /a|b/", &tok).unwrap_err().to_string();
     assert!(err.contains("gbnf") && err.contains("a|b"), "{err}");
 }
+
+/// GBNF read back into Lark (`reagent serve`'s `grammar` field, for clients of llama.cpp's server): a
+/// decision schema written as GBNF and read back takes the same decisions under llguidance. (A native
+/// grammar's call markers do not come back: GBNF has no special tokens, and llguidance matches a literal
+/// with ordinary tokens only.)
+#[test]
+fn gbnf_read_into_lark_takes_the_same_decisions() {
+    use reagent::agent::driver::gbnf;
+    use reagent::decode::gbnf::to_lark;
+    let schema = decision_schema(&tools(), &ToolChoice::Auto, &DecisionOptions::default()).unwrap();
+    let lark = to_lark(&gbnf::schema(&schema).unwrap()).unwrap();
+    check_table(
+        Grammar::Lark(lark),
+        &[CALC, WEATHER, ANSWER],
+        &[
+            r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
+            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
+            r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
+            PARALLEL,
+        ],
+    );
+}

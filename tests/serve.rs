@@ -821,6 +821,13 @@ fn completions_continue_a_prompt_under_a_grammar_and_a_logit_bias() {
     assert_eq!(status, 200, "{r}");
     let other = if word == "yes" { "no" } else { "yes" };
     assert_eq!(r["choices"][0]["text"], other);
+    // The same grammar in GBNF as llama.cpp's servers take it (`grammar`), with the same bias: the same word.
+    let body = json!({"prompt": prompt, "temperature": 0, "grammar": "root ::= \"yes\" | \"no\"", "logit_bias": bias});
+    let (status, r) = complete(&body);
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["text"], other);
+    let (status, r) = complete(&json!({"prompt": prompt, "grammar": "root ::= [yes"}));
+    assert_eq!((status, r["error"]["param"].as_str()), (400, Some("grammar")), "{r}");
     // A chat request takes `logit_bias` too.
     let user = json!([{"role": "user", "content": "yes or no?"}]);
     let chat = |bias: &Value| {

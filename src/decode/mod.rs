@@ -3,6 +3,7 @@
 
 pub mod constraint;
 pub mod finite;
+pub mod gbnf;
 pub mod generate;
 pub mod model_api;
 pub mod sampler;

@@ -79,7 +79,8 @@ pub enum Choice {
     Function(String),
 }
 
-/// `response_format`, or `structured_outputs` (vLLM's field, which reagent's remote driver sends).
+/// `response_format`, `structured_outputs` (vLLM's field, which reagent's remote driver sends), or
+/// `grammar` (llama.cpp's servers' field, GBNF, read into Lark: [`crate::decode::gbnf`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Format {
     Text,
@@ -240,6 +241,18 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Res<ChatRequest> {
             }
         },
         Some(_) => return Err(ApiError::bad("structured_outputs", "must be an object")),
+    };
+    // llama.cpp's servers' field: a GBNF grammar, read into Lark.
+    let format = match o.get("grammar") {
+        None | Some(Value::Null) => format,
+        Some(_) if format != Format::Text => {
+            return Err(ApiError::bad("grammar", "give one of grammar, response_format and structured_outputs"))
+        }
+        Some(Value::String(g)) => match crate::decode::gbnf::to_lark(g) {
+            Ok(lark) => Format::Grammar(lark),
+            Err(e) => return Err(ApiError::bad("grammar", e.to_string())),
+        },
+        Some(_) => return Err(ApiError::bad("grammar", "must be a GBNF grammar as a string")),
     };
     if format != Format::Text && !tools.is_empty() && choice != Choice::None {
         return Err(ApiError::bad(
@@ -563,6 +576,8 @@ mod tests {
         assert_eq!(r.format, Format::Grammar("start: /a+/".into()));
         let r = parse(json!({"messages": user, "structured_outputs": {"json": {"type": "object"}}})).unwrap();
         assert_eq!(r.format, Format::JsonSchema(json!({"type": "object"})));
+        let r = parse(json!({"messages": user, "grammar": "root ::= \"yes\" | \"no\""})).unwrap();
+        assert_eq!(r.format, Format::Grammar("start: \"yes\" | \"no\"\n".into()));
     }
 
     #[test]
@@ -588,6 +603,12 @@ mod tests {
                 json!({"messages": user, "structured_outputs": {"grammar": "start: /a/"},
                        "response_format": {"type": "json_object"}}),
                 "structured_outputs",
+            ),
+            (json!({"messages": user, "grammar": "root ::= \"a"}), "grammar"),
+            (json!({"messages": user, "grammar": 7}), "grammar"),
+            (
+                json!({"messages": user, "grammar": "root ::= \"a\"", "structured_outputs": {"grammar": "start: /a/"}}),
+                "grammar",
             ),
             (json!({"messages": user, "n": 2}), "n"),
             (json!({"messages": user, "stop": [1]}), "stop"),
