@@ -120,31 +120,32 @@ const WEATHER: &str =
 const ANSWER: &str = r#"{"thought":"done","type":"final_answer","answer":"3"}"#;
 const PARALLEL: &str = r#"{"thought":"both","type":"call_tools","calls":[{"tool":"calculator","args":{"expression":"2"}},{"tool":"weather","args":{"city":"Rome","days":1}}]}"#;
 
+/// Decisions the `auto` decision grammar of [`tools`] refuses.
+const WRONG_DECISIONS: &[&str] = &[
+    // args of the other tool
+    r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
+    // integer argument given as a string / out of range
+    r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":"3"}}"#,
+    r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
+    // missing required argument, unknown tool, unknown argument
+    r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
+    r#"{"thought":"t","type":"call_tool","tool":"search","args":{}}"#,
+    r#"{"thought":"t","type":"call_tool","tool":"calculator","args":{"expression":"1","x":1}}"#,
+    // shapes: answer without answer, thought not first, parallel calls when not enabled
+    r#"{"thought":"t","type":"final_answer"}"#,
+    r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
+    PARALLEL,
+    // arguments out of the schema's order
+    r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"days":3,"city":"Oslo"}}"#,
+];
+
 fn decision(choice: ToolChoice, opts: DecisionOptions) -> Grammar {
     Grammar::JsonSchema(decision_schema(&tools(), &choice, &opts).unwrap())
 }
 
 #[test]
 fn decision_grammar_ties_args_to_the_named_tool() {
-    check_table(
-        decision(ToolChoice::Auto, DecisionOptions::default()),
-        &[CALC, WEATHER, ANSWER],
-        &[
-            // args of the other tool
-            r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
-            // integer argument given as a string / out of range
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":"3"}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
-            // missing required argument, unknown tool, unknown argument
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"search","args":{}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"calculator","args":{"expression":"1","x":1}}"#,
-            // shapes: answer without answer, thought not first, parallel calls when not enabled
-            r#"{"thought":"t","type":"final_answer"}"#,
-            r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
-            PARALLEL,
-        ],
-    );
+    check_table(decision(ToolChoice::Auto, DecisionOptions::default()), &[CALC, WEATHER, ANSWER], WRONG_DECISIONS);
 }
 
 #[test]
@@ -785,18 +786,7 @@ fn decision_schemas_as_gbnf_take_the_same_decisions() {
             ANSWER,
             r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":7}}"#,
         ],
-        &[
-            r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":"3"}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"search","args":{}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"calculator","args":{"expression":"1","x":1}}"#,
-            r#"{"thought":"t","type":"final_answer"}"#,
-            r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"days":3,"city":"Oslo"}}"#,
-            PARALLEL,
-        ],
+        WRONG_DECISIONS,
     );
     let required = gbnf::schema(&schema(ToolChoice::Required, DecisionOptions::default())).unwrap();
     check_gbnf(&required, &[CALC, WEATHER], &[ANSWER]);
@@ -864,15 +854,5 @@ fn gbnf_read_into_lark_takes_the_same_decisions() {
     use reagent::decode::gbnf::to_lark;
     let schema = decision_schema(&tools(), &ToolChoice::Auto, &DecisionOptions::default()).unwrap();
     let lark = to_lark(&gbnf::schema(&schema).unwrap()).unwrap();
-    check_table(
-        Grammar::Lark(lark),
-        &[CALC, WEATHER, ANSWER],
-        &[
-            r#"{"thought":"x","type":"call_tool","tool":"calculator","args":{"city":"Oslo","days":3}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo","days":9}}"#,
-            r#"{"thought":"t","type":"call_tool","tool":"weather","args":{"city":"Oslo"}}"#,
-            r#"{"type":"final_answer","thought":"t","answer":"a"}"#,
-            PARALLEL,
-        ],
-    );
+    check_table(Grammar::Lark(lark), &[CALC, WEATHER, ANSWER], WRONG_DECISIONS);
 }

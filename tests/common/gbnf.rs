@@ -21,6 +21,9 @@ struct Item {
     max: Option<usize>,
 }
 
+/// End positions by rule and start.
+type Memo = HashMap<(String, usize), BTreeSet<usize>>;
+
 pub struct Gbnf {
     rules: HashMap<String, Vec<Vec<Item>>>,
 }
@@ -53,13 +56,7 @@ impl Gbnf {
         self.rule("root", &t, 0, &mut memo).contains(&t.len())
     }
 
-    fn rule(
-        &self,
-        name: &str,
-        t: &[char],
-        at: usize,
-        memo: &mut HashMap<(String, usize), BTreeSet<usize>>,
-    ) -> BTreeSet<usize> {
+    fn rule(&self, name: &str, t: &[char], at: usize, memo: &mut Memo) -> BTreeSet<usize> {
         let key = (name.to_string(), at);
         if let Some(done) = memo.get(&key) {
             return done.clone();
@@ -70,13 +67,7 @@ impl Gbnf {
         ends
     }
 
-    fn alternatives(
-        &self,
-        alts: &[Vec<Item>],
-        t: &[char],
-        at: usize,
-        memo: &mut HashMap<(String, usize), BTreeSet<usize>>,
-    ) -> BTreeSet<usize> {
+    fn alternatives(&self, alts: &[Vec<Item>], t: &[char], at: usize, memo: &mut Memo) -> BTreeSet<usize> {
         let mut ends = BTreeSet::new();
         for seq in alts {
             let mut here = BTreeSet::from([at]);
@@ -95,13 +86,7 @@ impl Gbnf {
         ends
     }
 
-    fn repeated(
-        &self,
-        item: &Item,
-        t: &[char],
-        at: usize,
-        memo: &mut HashMap<(String, usize), BTreeSet<usize>>,
-    ) -> BTreeSet<usize> {
+    fn repeated(&self, item: &Item, t: &[char], at: usize, memo: &mut Memo) -> BTreeSet<usize> {
         let mut ends = BTreeSet::new();
         let mut frontier = BTreeSet::from([at]);
         let mut count = 0;
@@ -122,13 +107,7 @@ impl Gbnf {
         ends
     }
 
-    fn once(
-        &self,
-        node: &Node,
-        t: &[char],
-        at: usize,
-        memo: &mut HashMap<(String, usize), BTreeSet<usize>>,
-    ) -> BTreeSet<usize> {
+    fn once(&self, node: &Node, t: &[char], at: usize, memo: &mut Memo) -> BTreeSet<usize> {
         match node {
             Node::Lit(l) => match t.get(at..at + l.len()) {
                 Some(s) if s == l.as_slice() => BTreeSet::from([at + l.len()]),
